@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Build the pinned neural-tangents oracle environment (once) and regenerate tests/golden/*.npz.
+# The library never imports neural-tangents; only this script and benchmarks/ use it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ORACLE=${SMNNGP_ORACLE_VENV:-.venv-oracle}
+if [ ! -x "$ORACLE/bin/python" ]; then
+  python3.11 -m venv "$ORACLE"
+  "$ORACLE/bin/pip" install -q jax==0.4.23 jaxlib==0.4.23 neural-tangents==0.6.5 "numpy<2" "scipy<1.13"
+fi
+"$ORACLE/bin/python" tests/golden/generate.py

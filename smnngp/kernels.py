@@ -1,0 +1,338 @@
+"""The `Kernel` pytree and the evaluation of kernels at scale.
+
+A `Kernel` carries the second moments of one layer's pre-activations in the
+infinite-width limit, for two batches of inputs ``x1`` (N1 points) and ``x2``
+(N2 points):
+
+* ``nngp``: E[f(x1) f(x2)] per channel, the NNGP kernel;
+* ``ntk``:  the neural tangent kernel (``None`` when it is not requested);
+* ``cov1``: E[f(x1)^2] for each point of ``x1`` (the batch diagonal);
+* ``cov2``: the same for ``x2``, ``None`` when ``x2`` is ``x1``.
+
+Layouts (S spatial dimensions of sizes H, W, ...):
+
+* no spatial dimensions: ``nngp`` is (N1, N2), ``cov1`` is (N1,);
+* ``full=False`` (only same-position covariances are tracked):
+  ``nngp`` is (N1, N2, H, W, ...), ``cov1`` is (N1, H, W, ...);
+* ``full=True`` (all position pairs): ``nngp`` is (N1, N2, H, H', W, W', ...)
+  with the two positions of each spatial dimension interleaved, and ``cov1``
+  is (N1, H, H', W, W', ...).
+
+The layer library decides ``full`` once per architecture: it is needed only
+when a later layer mixes positions (average pooling, global pooling).
+
+Besides the pytree this module evaluates a ``kernel_fn`` on large inputs:
+`batched_kernel_fn` tiles ``x1 x x2`` into blocks, distributes blocks over all
+local devices with `jax.sharding`, and assembles the result in host memory;
+`diagonal` evaluates k(x_i, x_i) alone in O(N).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = [
+    "Kernel",
+    "KernelTuple",
+    "batched_kernel_fn",
+    "diagonal",
+    "kernel_memory_bytes",
+]
+
+_VALID_GET = ("nngp", "ntk")
+
+
+@jax.tree_util.register_pytree_node_class
+class Kernel:
+    """Moments of one layer in the infinite-width limit (see module docstring).
+
+    Static metadata (not traced): ``shape1``/``shape2`` are the shapes the
+    *finite* network's activations would have (batch first, channels last),
+    ``full`` selects the spatial layout and ``is_gaussian`` records whether the
+    pre-activations are Gaussian (an affine layer came last), which an
+    activation's closed form requires.
+    """
+
+    __slots__ = ("nngp", "ntk", "cov1", "cov2", "shape1", "shape2", "full", "is_gaussian")
+
+    def __init__(self, nngp, ntk, cov1, cov2, shape1, shape2, full, is_gaussian):
+        self.nngp = nngp
+        self.ntk = ntk
+        self.cov1 = cov1
+        self.cov2 = cov2
+        self.shape1 = tuple(shape1)
+        self.shape2 = tuple(shape2)
+        self.full = bool(full)
+        self.is_gaussian = bool(is_gaussian)
+
+    # -- pytree protocol -------------------------------------------------
+    def tree_flatten(self):
+        children = (self.nngp, self.ntk, self.cov1, self.cov2)
+        aux = (self.shape1, self.shape2, self.full, self.is_gaussian)
+        return children, aux
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children, *aux)
+
+    # -- conveniences ----------------------------------------------------
+    def replace(self, **changes) -> "Kernel":
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"Kernel.replace: unknown fields {sorted(unknown)}")
+        fields.update(changes)
+        return Kernel(**fields)
+
+    @property
+    def spatial_ndim(self) -> int:
+        """Number of spatial dimensions of the activations (0 for dense)."""
+        return len(self.shape1) - 2
+
+    @property
+    def dtype(self):
+        return self.nngp.dtype
+
+    def __repr__(self) -> str:
+        def desc(a):
+            return None if a is None else f"{a.dtype}{list(a.shape)}"
+
+        return (
+            f"Kernel(nngp={desc(self.nngp)}, ntk={desc(self.ntk)}, cov1={desc(self.cov1)}, "
+            f"cov2={desc(self.cov2)}, shape1={self.shape1}, shape2={self.shape2}, "
+            f"full={self.full}, is_gaussian={self.is_gaussian})"
+        )
+
+
+class KernelTuple(NamedTuple):
+    """What ``kernel_fn(x1, x2, get=('nngp', 'ntk'))`` returns."""
+
+    nngp: Any
+    ntk: Any
+
+
+def canonical_get(get) -> tuple[Optional[tuple[str, ...]], bool]:
+    """Validate ``get``; return (names or None for all, whether a single array is wanted)."""
+    if get is None:
+        return None, False
+    if isinstance(get, str):
+        names, single = (get,), True
+    elif isinstance(get, (tuple, list)):
+        names, single = tuple(get), False
+        if not names:
+            raise ValueError("get: an empty tuple asks for nothing; use 'nngp', 'ntk' or both")
+    else:
+        raise TypeError(f"get must be None, a string or a tuple of strings, got {type(get).__name__}")
+    for name in names:
+        if not isinstance(name, str) or name not in _VALID_GET:
+            raise ValueError(f"get: unknown kernel {name!r}; valid keys are {_VALID_GET}")
+    return names, single
+
+
+def select(k: Kernel, get) -> Any:
+    """Return what ``get`` asks for from a finished kernel."""
+    names, single = canonical_get(get)
+    if names is None:
+        return k
+    if single:
+        return getattr(k, names[0])
+    if names == ("nngp", "ntk"):
+        return KernelTuple(k.nngp, k.ntk)
+    return NamedTuple("Kernels", [(n, Any) for n in names])(*(getattr(k, n) for n in names))
+
+
+# ---------------------------------------------------------------------------
+# Evaluating kernels at scale
+# ---------------------------------------------------------------------------
+
+
+def kernel_memory_bytes(kernel_fn: Callable, x1, x2, get=("nngp", "ntk")) -> int:
+    """Peak temporary memory XLA plans for one call, in bytes (compiled, not run).
+
+    Falls back to a size estimate (8 live copies of the largest intermediate)
+    when the backend reports no memory analysis.
+    """
+    fn = jax.jit(lambda a, b: kernel_fn(a, b, get=get))
+    compiled = fn.lower(x1, x2).compile()
+    try:
+        stats = compiled.memory_analysis()
+        if stats is not None:
+            return int(stats.temp_size_in_bytes + stats.output_size_in_bytes)
+    except (AttributeError, NotImplementedError):  # pragma: no cover - backend dependent
+        pass
+    out = jax.eval_shape(lambda a, b: kernel_fn(a, b, get=get), x1, x2)
+    sizes = [math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(out)]
+    return 8 * max(sizes)
+
+
+def _choose_batch_size(kernel_fn, x1, x2, get, max_memory_bytes: int, n_max: int) -> int:
+    """Largest power-of-two tile whose compiled footprint stays under the cap."""
+    b = 1
+    while b * 2 <= n_max:
+        b *= 2
+    while b > 1:
+        probe1 = jax.ShapeDtypeStruct((b,) + x1.shape[1:], x1.dtype)
+        probe2 = jax.ShapeDtypeStruct((b,) + x2.shape[1:], x2.dtype)
+        if kernel_memory_bytes(kernel_fn, probe1, probe2, get) <= max_memory_bytes:
+            return b
+        b //= 2
+    return 1
+
+
+def _pad_rows(x: np.ndarray, n: int) -> np.ndarray:
+    if x.shape[0] == n:
+        return x
+    pad = np.repeat(x[-1:], n - x.shape[0], axis=0)
+    return np.concatenate([x, pad], axis=0)
+
+
+def batched_kernel_fn(
+    kernel_fn: Callable,
+    batch_size: Optional[int] = None,
+    *,
+    max_memory_bytes: int = 2**30,
+    devices: Optional[Sequence[jax.Device]] = None,
+    progress: bool = False,
+) -> Callable:
+    """Wrap ``kernel_fn`` so that large inputs are evaluated tile by tile.
+
+    ``x1`` and ``x2`` are cut into blocks of ``batch_size`` rows (chosen from
+    ``max_memory_bytes`` when ``None``: the largest power of two whose compiled
+    tile fits). Groups of tiles are evaluated in one `jit` call whose tile axis
+    is sharded over ``devices`` (all local devices by default) with a
+    `NamedSharding`, so each device computes its own tiles; on several hosts
+    initialised with `jax.distributed`, pass the global `jax.devices()`.
+    Results are written into host (numpy) arrays, so N = 20,000 needs only the
+    output itself (3.2 GB per float64 kernel) plus one group of tiles.
+
+    When ``x2`` is ``None`` only the tiles on and above the block diagonal are
+    computed and the rest is filled by symmetry.
+
+    The returned function has the signature ``fn(x1, x2=None, get=('nngp','ntk'))``
+    and returns numpy arrays in the same structure as ``kernel_fn``.
+    """
+    if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if max_memory_bytes <= 0:
+        raise ValueError(f"max_memory_bytes must be positive, got {max_memory_bytes}")
+    devs = list(jax.local_devices() if devices is None else devices)
+    mesh = Mesh(np.array(devs), ("tiles",))
+    tile_sharding = NamedSharding(mesh, PartitionSpec("tiles"))
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    compiled_cache: dict = {}
+
+    def group_fn(get_key):
+        if get_key not in compiled_cache:
+            names = get_key
+
+            def one_tile(a, b):
+                out = kernel_fn(a, b, get=names)
+                return tuple(getattr(out, n) for n in names) if len(names) > 1 else (out,)
+
+            compiled_cache[get_key] = jax.jit(
+                jax.vmap(one_tile), in_shardings=(tile_sharding, tile_sharding), out_shardings=replicated
+            )
+        return compiled_cache[get_key]
+
+    def fn(x1, x2=None, get=("nngp", "ntk")):
+        names, single = canonical_get(get)
+        if names is None:
+            names, single = ("nngp", "ntk"), False
+        x1 = np.asarray(x1)
+        symmetric = x2 is None
+        x2 = x1 if symmetric else np.asarray(x2)
+        if x1.ndim < 2 or x2.ndim < 2:
+            raise ValueError(f"batched_kernel_fn: inputs must be (batch, features...), got {x1.shape} and {x2.shape}")
+        if x1.shape[1:] != x2.shape[1:]:
+            raise ValueError(f"batched_kernel_fn: x1 {x1.shape} and x2 {x2.shape} differ beyond the batch axis")
+        n1, n2 = x1.shape[0], x2.shape[0]
+        b = batch_size
+        if b is None:
+            b = _choose_batch_size(kernel_fn, x1, x2, names, max_memory_bytes, max(n1, n2))
+        b1, b2 = min(b, n1), min(b, n2)
+        t1, t2 = -(-n1 // b1), -(-n2 // b2)
+        x1p = _pad_rows(x1, t1 * b1).reshape((t1, b1) + x1.shape[1:])
+        x2p = _pad_rows(x2, t2 * b2).reshape((t2, b2) + x2.shape[1:])
+        pairs = [(i, j) for i in range(t1) for j in range(t2) if not (symmetric and j < i)]
+        group = len(devs)
+        tile = group_fn(names)
+        outs = [None] * len(names)
+        iterator = range(0, len(pairs), group)
+        if progress:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(iterator, desc="kernel tiles", unit="group")
+        for start in iterator:
+            chunk = pairs[start : start + group]
+            # Pad the last group by repeating a pair so every device has a tile.
+            padded = chunk + [chunk[-1]] * (group - len(chunk))
+            a = x1p[np.array([p[0] for p in padded])]
+            c = x2p[np.array([p[1] for p in padded])]
+            results = [np.asarray(r) for r in tile(a, c)]
+            for r_idx, res in enumerate(results):
+                if outs[r_idx] is None:
+                    tail = res.shape[3:]
+                    outs[r_idx] = np.empty((t1 * b1, t2 * b2) + tail, dtype=res.dtype)
+                for g, (i, j) in enumerate(chunk):
+                    blk = res[g]
+                    outs[r_idx][i * b1 : (i + 1) * b1, j * b2 : (j + 1) * b2] = blk
+                    if symmetric and i != j:
+                        outs[r_idx][j * b2 : (j + 1) * b2, i * b1 : (i + 1) * b1] = _swap_pair(blk)
+        outs = [o[:n1, :n2] for o in outs]
+        if single:
+            return outs[0]
+        if names == ("nngp", "ntk"):
+            return KernelTuple(*outs)
+        return NamedTuple("Kernels", [(n, Any) for n in names])(*outs)
+
+    return fn
+
+
+def _swap_pair(block: np.ndarray) -> np.ndarray:
+    """Transpose a kernel block k(a, b) into k(b, a), spatial pairs included."""
+    axes = [1, 0]
+    rest = block.ndim - 2
+    # Full spatial layout interleaves (position of a, position of b) pairs.
+    if rest and rest % 2 == 0 and all(block.shape[2 + 2 * i] == block.shape[3 + 2 * i] for i in range(rest // 2)):
+        for i in range(rest // 2):
+            axes += [3 + 2 * i, 2 + 2 * i]
+    else:
+        axes += list(range(2, block.ndim))
+    return np.transpose(block, axes)
+
+
+def diagonal(kernel_fn: Callable, x, get=("nngp", "ntk"), batch_size: int = 1024):
+    """k(x_i, x_i) for every row of ``x`` in O(N) time and memory.
+
+    Evaluates ``kernel_fn`` on each single point (vectorised with `vmap`, in
+    chunks of ``batch_size``), so the result is exactly the diagonal of the full
+    kernel matrix without forming it. Returns arrays of shape (N, ...) in the
+    structure ``get`` asks for.
+    """
+    names, single = canonical_get(get)
+    if names is None:
+        names, single = ("nngp", "ntk"), False
+    x = jnp.asarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"diagonal: x must be (batch, features...), got shape {x.shape}")
+
+    def one(point):
+        out = kernel_fn(point[None], None, get=names)
+        vals = (out,) if single else tuple(getattr(out, n) for n in names)
+        return tuple(v[0, 0] for v in vals)
+
+    fn = jax.jit(jax.vmap(one))
+    chunks = [fn(x[s : s + batch_size]) for s in range(0, x.shape[0], batch_size)]
+    outs = [jnp.concatenate([c[i] for c in chunks]) for i in range(len(names))]
+    if single:
+        return outs[0]
+    if names == ("nngp", "ntk"):
+        return KernelTuple(*outs)
+    return NamedTuple("Kernels", [(n, Any) for n in names])(*outs)

@@ -1,0 +1,1090 @@
+"""Layers that give a finite network and its infinite-width NNGP / NTK kernels.
+
+Every constructor returns a `Layer`, a 3-tuple ``(init_fn, apply_fn, kernel_fn)``
+with the names and conventions of neural-tangents' ``stax``, so that code
+written for it ports by changing the import::
+
+    from smnngp import stax
+    init_fn, apply_fn, kernel_fn = stax.serial(
+        stax.Dense(512, W_std=1.5, b_std=0.05), stax.Erf(), stax.Dense(1))
+
+* ``init_fn(key, input_shape) -> (output_shape, params)`` and
+  ``apply_fn(params, x)`` are the finite network;
+* ``kernel_fn(x1, x2=None, get=None)`` is its infinite-width limit: a `Kernel`
+  pytree for ``get=None``, the array for ``get='nngp'`` or ``'ntk'``, and a
+  named tuple for ``get=('nngp', 'ntk')``. It is traceable (`jit` it with
+  ``static_argnames='get'``) and computes in the dtype of its inputs.
+
+Parameterisations (Jacot et al. 2018; neural-tangents' conventions):
+
+* ``'ntk'``: W ~ N(0, 1), b ~ N(0, 1), output = W_std / sqrt(fan_in) * x W + b_std * b;
+* ``'standard'``: W ~ N(0, W_std^2 / fan_in), b ~ N(0, b_std^2), output = x W + b.
+
+Both have the same NNGP; their NTKs differ (the standard one scales with the
+finite width, which is why kernels track the finite shapes).
+
+Kernel recursions implemented here (c = cross covariance, v1, v2 variances):
+
+* affine: K' = W_std^2 K + b_std^2;  NTK' = K' + W_std^2 NTK  ('ntk');
+* activation phi: K' = E[phi(u) phi(v)], NTK' = NTK * E[phi'(u) phi'(v)] with
+  (u, v) ~ N(0, [[v1, c], [c, v2]]); closed forms below, Gauss-Hermite otherwise;
+* convolution: K'(i, j) = W_std^2 / |F| sum_{d in F} K(i + d, j + d) + b_std^2;
+* average pooling, flattening and global pooling: linear maps of K.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from smnngp.kernels import Kernel, canonical_get, select
+
+__all__ = [
+    "Layer",
+    "Dense",
+    "Conv",
+    "Flatten",
+    "AvgPool",
+    "GlobalAvgPool",
+    "Identity",
+    "Relu",
+    "ABRelu",
+    "LeakyRelu",
+    "Erf",
+    "Gelu",
+    "Sin",
+    "Gaussian",
+    "ElementwiseNumerical",
+    "serial",
+    "parallel",
+    "FanOut",
+    "FanInSum",
+    "FanInConcat",
+]
+
+_PADDINGS = ("SAME", "VALID", "CIRCULAR")
+
+
+class Layer(tuple):
+    """``(init_fn, apply_fn, kernel_fn)`` with the internals combinators need.
+
+    Attributes (internal): ``name``; ``shape_fn(input_shape) -> output_shape``
+    (raises ValueError naming the layer on incompatible shapes); ``kernel_map``
+    (Kernel -> Kernel, lists for branches); ``needs_full(out_full) -> bool``,
+    whether the layer's input kernel must track all position pairs given
+    whether its output must.
+    """
+
+    def __new__(cls, name, init_fn, apply_fn, shape_fn, kernel_map, needs_full):
+        public_kernel_fn = _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full)
+        self = super().__new__(cls, (init_fn, apply_fn, public_kernel_fn))
+        self.name = name
+        self.shape_fn = shape_fn
+        self.kernel_map = kernel_map
+        self.needs_full = needs_full
+        return self
+
+    def __repr__(self) -> str:
+        return f"<smnngp.stax layer {self.name}>"
+
+
+def _as_layer(obj, where: str) -> Layer:
+    if not isinstance(obj, Layer):
+        raise TypeError(
+            f"{where}: expected a layer built by smnngp.stax (an (init_fn, apply_fn, kernel_fn) "
+            f"Layer), got {type(obj).__name__}"
+        )
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# Input validation and the public kernel_fn
+# ---------------------------------------------------------------------------
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_input(x, name: str):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"kernel_fn: {name} must be an array, got {type(x).__name__}")
+    if x.ndim < 2:
+        raise ValueError(
+            f"kernel_fn: {name} must have a batch axis and a feature axis, got shape {tuple(x.shape)}"
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"kernel_fn: {name} must be floating point, got dtype {x.dtype}")
+    if _is_concrete(x):
+        finite = np.isfinite(np.asarray(x))
+        if not finite.all():
+            bad = int((~finite).sum())
+            raise ValueError(f"kernel_fn: {name} has {bad} non-finite (NaN or inf) entries")
+
+
+def _input_kernel(x1, x2, full: bool, want_ntk: bool) -> Kernel:
+    """Second moments of the inputs, averaged over the channel (last) axis."""
+    n_chan = x1.shape[-1]
+    spatial = x1.ndim - 2
+    letters = "hwdefg"[:spatial]
+    if spatial == 0:
+        sub_pair, sub_self = "ac,bc->ab", "ac,ac->a"
+    elif full:
+        a_sp = letters
+        b_sp = letters.upper()
+        inter = "".join(l + u for l, u in zip(a_sp, b_sp))
+        sub_pair = f"a{a_sp}c,b{b_sp}c->ab{inter}"
+        sub_self = f"a{a_sp}c,a{b_sp}c->a{inter}"
+    else:
+        sub_pair = f"a{letters}c,b{letters}c->ab{letters}"
+        sub_self = f"a{letters}c,a{letters}c->a{letters}"
+    prec = lax.Precision.HIGHEST
+    scale = 1.0 / n_chan
+    x2_is_x1 = x2 is None
+    xb = x1 if x2_is_x1 else x2
+    nngp = jnp.einsum(sub_pair, x1, xb, precision=prec) * scale
+    cov1 = jnp.einsum(sub_self, x1, x1, precision=prec) * scale
+    cov2 = None if x2_is_x1 else jnp.einsum(sub_self, x2, x2, precision=prec) * scale
+    ntk = jnp.zeros((), x1.dtype) if want_ntk else None
+    return Kernel(nngp, ntk, cov1, cov2, x1.shape, xb.shape, full, is_gaussian=False)
+
+
+def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full):
+    def kernel_fn(x1, x2=None, get=None, **unused):
+        if unused:
+            raise TypeError(f"kernel_fn of {name}: unexpected keyword arguments {sorted(unused)}")
+        names, _ = canonical_get(get)
+        _check_input(x1, "x1")
+        if x2 is not None:
+            _check_input(x2, "x2")
+            if tuple(x1.shape[1:]) != tuple(x2.shape[1:]):
+                raise ValueError(
+                    f"kernel_fn of {name}: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} must agree "
+                    f"beyond the batch axis"
+                )
+            if x1.dtype != x2.dtype:
+                raise TypeError(f"kernel_fn of {name}: x1 is {x1.dtype} but x2 is {x2.dtype}")
+        x1 = jnp.asarray(x1)
+        x2 = None if x2 is None else jnp.asarray(x2)
+        out_shape = shape_fn(tuple(x1.shape))  # raises with the layer name on incompatible shapes
+        out_shapes = out_shape if isinstance(out_shape, list) else [out_shape]
+        out_spatial = any(len(s) > 2 for s in out_shapes)
+        full = needs_full(out_spatial) and x1.ndim > 2
+        want_ntk = names is None or "ntk" in names
+        k = kernel_map(_input_kernel(x1, x2, full, want_ntk))
+        if isinstance(k, list):
+            return [select(ki, get) for ki in k]
+        return select(k, get)
+
+    kernel_fn.__name__ = f"kernel_fn_{name}"
+    return kernel_fn
+
+
+def _check_std(value, name: str, layer: str, allow_none: bool):
+    if value is None:
+        if allow_none:
+            return
+        raise ValueError(f"{layer}: {name} must be a positive number, got None")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{layer}: {name} must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{layer}: {name} must be finite, got {value}")
+    if name == "W_std" and v <= 0:
+        raise ValueError(f"{layer}: W_std must be positive, got {value}")
+    if name == "b_std" and v < 0:
+        raise ValueError(f"{layer}: b_std must be non-negative, got {value}")
+
+
+def _check_parameterization(p: str, layer: str):
+    if p not in ("ntk", "standard"):
+        raise ValueError(f"{layer}: parameterization must be 'ntk' or 'standard', got {p!r}")
+
+
+def _single_shape(shape, layer: str):
+    if not (isinstance(shape, tuple) and all(isinstance(s, (int, np.integer)) for s in shape)):
+        raise ValueError(f"{layer}: expected one input, got a list of {len(shape)} branches")
+    if len(shape) < 2:
+        raise ValueError(f"{layer}: input shape {shape} needs a batch axis and a channel axis")
+    return tuple(int(s) for s in shape)
+
+
+def _map_covs(k: Kernel, fn, ntk_fn=None, **changes) -> Kernel:
+    """Apply ``fn(mat, batch_ndim)`` to nngp, cov1, cov2 (and ntk via ``ntk_fn``)."""
+    ntk = k.ntk
+    if ntk is not None and ntk_fn is not None:
+        ntk = ntk_fn(ntk, 2)
+    return k.replace(
+        nngp=fn(k.nngp, 2),
+        cov1=fn(k.cov1, 1),
+        cov2=None if k.cov2 is None else fn(k.cov2, 1),
+        ntk=ntk,
+        **changes,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Affine layers
+# ---------------------------------------------------------------------------
+
+
+def Dense(
+    out_dim: int,
+    W_std: float = 1.0,
+    b_std: Optional[float] = None,
+    parameterization: str = "ntk",
+) -> Layer:
+    """Fully connected layer acting on the last (channel) axis.
+
+    ``b_std=None`` means no bias. See the module docstring for the two
+    parameterisations.
+    """
+    layer = f"Dense({out_dim})"
+    if not isinstance(out_dim, (int, np.integer)) or out_dim < 1:
+        raise ValueError(f"Dense: out_dim must be a positive integer, got {out_dim!r}")
+    _check_std(W_std, "W_std", layer, allow_none=False)
+    _check_std(b_std, "b_std", layer, allow_none=True)
+    _check_parameterization(parameterization, layer)
+    W_std = float(W_std)
+    b_var = None if b_std is None else float(b_std) ** 2
+
+    def shape_fn(shape):
+        shape = _single_shape(shape, layer)
+        return shape[:-1] + (int(out_dim),)
+
+    def init_fn(key, input_shape):
+        out_shape = shape_fn(tuple(input_shape))
+        fan_in = input_shape[-1]
+        kw, kb = jax.random.split(key)
+        W = jax.random.normal(kw, (fan_in, out_dim))
+        b = None if b_std is None else jax.random.normal(kb, (out_dim,))
+        if parameterization == "standard":
+            W = W * (W_std / math.sqrt(fan_in))
+            b = None if b is None else b * float(b_std)
+        return out_shape, (W, b)
+
+    def apply_fn(params, x, **kwargs):
+        W, b = params
+        if x.shape[-1] != W.shape[0]:
+            raise ValueError(f"{layer}: input has {x.shape[-1]} features but W expects {W.shape[0]} (input shape {x.shape})")
+        out = x @ W.astype(x.dtype)
+        if parameterization == "ntk":
+            out = out * (W_std / math.sqrt(x.shape[-1]))
+            if b is not None:
+                out = out + float(b_std) * b.astype(x.dtype)
+        elif b is not None:
+            out = out + b.astype(x.dtype)
+        return out
+
+    def affine(mat):
+        mat = W_std**2 * mat
+        return mat if b_var is None else mat + b_var
+
+    def kernel_map(k: Kernel) -> Kernel:
+        ntk = k.ntk
+        nngp = affine(k.nngp)
+        if ntk is not None:
+            if parameterization == "ntk":
+                ntk = nngp + W_std**2 * ntk
+            else:
+                ntk = float(k.shape1[-1]) * k.nngp + W_std**2 * ntk
+                if b_var is not None:
+                    ntk = ntk + 1.0
+        return k.replace(
+            nngp=nngp,
+            ntk=ntk,
+            cov1=affine(k.cov1),
+            cov2=None if k.cov2 is None else affine(k.cov2),
+            shape1=shape_fn(k.shape1),
+            shape2=shape_fn(k.shape2),
+            is_gaussian=True,
+        )
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+
+
+def _spatial_pads(in_sizes, window, strides, padding):
+    """Per-dimension (lo, hi) zero padding for SAME/VALID, or the wrap padding for CIRCULAR."""
+    if padding == "VALID":
+        return [(0, 0)] * len(in_sizes)
+    return [tuple(p) for p in lax.padtype_to_pads(tuple(in_sizes), tuple(window), tuple(strides), "SAME")]
+
+
+def _out_sizes(in_sizes, window, strides, padding):
+    pads = _spatial_pads(in_sizes, window, strides, padding)
+    out = []
+    for n, w, s, (lo, hi) in zip(in_sizes, window, strides, pads):
+        size = (n + lo + hi - w) // s + 1
+        out.append(size)
+    return tuple(out)
+
+
+def _pad_axes(x, axes, pads, circular: bool):
+    """Pad ``x`` along ``axes`` (each with its (lo, hi)); wrap-around when circular."""
+    widths = [(0, 0)] * x.ndim
+    for ax, p in zip(axes, pads):
+        widths[ax] = p
+    if all(w == (0, 0) for w in widths):
+        return x
+    return jnp.pad(x, widths, mode="wrap" if circular else "constant")
+
+
+def _diag_window_sum(x, axis_a, axis_b, window, stride, pad, circular, out_size):
+    """sum_{d < window} x[i*s + d, j*s + d] over the pair of axes (axis_a, axis_b)."""
+    x = _pad_axes(x, (axis_a, axis_b), (pad, pad), circular)
+    span = stride * (out_size - 1) + 1
+    total = None
+    for d in range(window):
+        piece = lax.slice_in_dim(x, d, d + span, stride, axis_a)
+        piece = lax.slice_in_dim(piece, d, d + span, stride, axis_b)
+        total = piece if total is None else total + piece
+    return total
+
+
+def _window_sum(x, axes, window, strides, pads, circular):
+    """Box-filter sum over ``axes`` (reduce_window with zero or wrap padding)."""
+    x = _pad_axes(x, axes, pads, circular)
+    dims = [1] * x.ndim
+    strd = [1] * x.ndim
+    for ax, w, s in zip(axes, window, strides):
+        dims[ax] = w
+        strd[ax] = s
+    return lax.reduce_window(x, jnp.zeros((), x.dtype), lax.add, tuple(dims), tuple(strd), "VALID")
+
+
+def Conv(
+    out_chan: int,
+    filter_shape: Sequence[int],
+    strides: Optional[Sequence[int]] = None,
+    padding: str = "VALID",
+    W_std: float = 1.0,
+    b_std: Optional[float] = None,
+    parameterization: str = "ntk",
+) -> Layer:
+    """Convolution over 1-D (N, W, C) or 2-D (N, H, W, C) inputs, filters (..., C_in, C_out).
+
+    ``padding`` is 'SAME', 'VALID' or 'CIRCULAR' (periodic boundary). The fan-in
+    is C_in * prod(filter_shape).
+    """
+    filter_shape = tuple(int(f) for f in filter_shape)
+    nd = len(filter_shape)
+    layer = f"Conv({out_chan}, {filter_shape})"
+    if nd not in (1, 2):
+        raise ValueError(f"{layer}: filter_shape must have 1 or 2 entries, got {filter_shape}")
+    if any(f < 1 for f in filter_shape):
+        raise ValueError(f"{layer}: filter sizes must be positive, got {filter_shape}")
+    if not isinstance(out_chan, (int, np.integer)) or out_chan < 1:
+        raise ValueError(f"Conv: out_chan must be a positive integer, got {out_chan!r}")
+    strides = (1,) * nd if strides is None else tuple(int(s) for s in strides)
+    if len(strides) != nd or any(s < 1 for s in strides):
+        raise ValueError(f"{layer}: strides must be {nd} positive integers, got {strides}")
+    padding = str(padding).upper()
+    if padding not in _PADDINGS:
+        raise ValueError(f"{layer}: padding must be one of {_PADDINGS}, got {padding!r}")
+    _check_std(W_std, "W_std", layer, allow_none=False)
+    _check_std(b_std, "b_std", layer, allow_none=True)
+    _check_parameterization(parameterization, layer)
+    W_std = float(W_std)
+    b_var = None if b_std is None else float(b_std) ** 2
+    filter_size = math.prod(filter_shape)
+    circular = padding == "CIRCULAR"
+    dn = ("NWC", "WIO", "NWC") if nd == 1 else ("NHWC", "HWIO", "NHWC")
+
+    def shape_fn(shape):
+        shape = _single_shape(shape, layer)
+        if len(shape) != nd + 2:
+            raise ValueError(
+                f"{layer}: a {nd}-D convolution needs inputs of rank {nd + 2} (batch, {nd} spatial, "
+                f"channels), got shape {shape}"
+            )
+        spatial = shape[1:-1]
+        if padding == "VALID" and any(n < f for n, f in zip(spatial, filter_shape)):
+            raise ValueError(f"{layer}: VALID padding needs spatial size >= filter, got input shape {shape}")
+        return (shape[0],) + _out_sizes(spatial, filter_shape, strides, padding) + (int(out_chan),)
+
+    def init_fn(key, input_shape):
+        out_shape = shape_fn(tuple(input_shape))
+        c_in = input_shape[-1]
+        kw, kb = jax.random.split(key)
+        W = jax.random.normal(kw, filter_shape + (c_in, out_chan))
+        b = None if b_std is None else jax.random.normal(kb, (out_chan,))
+        if parameterization == "standard":
+            W = W * (W_std / math.sqrt(c_in * filter_size))
+            b = None if b is None else b * float(b_std)
+        return out_shape, (W, b)
+
+    def apply_fn(params, x, **kwargs):
+        W, b = params
+        if x.ndim != nd + 2:
+            raise ValueError(f"{layer}: input of rank {nd + 2} expected, got shape {x.shape}")
+        if x.shape[-1] != W.shape[-2]:
+            raise ValueError(f"{layer}: input has {x.shape[-1]} channels but W expects {W.shape[-2]}")
+        if circular:
+            pads = _spatial_pads(x.shape[1:-1], filter_shape, strides, "SAME")
+            x = _pad_axes(x, tuple(range(1, nd + 1)), pads, True)
+        out = lax.conv_general_dilated(
+            x, W.astype(x.dtype), strides, "VALID" if circular else padding, dimension_numbers=dn,
+            precision=lax.Precision.HIGHEST,
+        )
+        if parameterization == "ntk":
+            out = out * (W_std / math.sqrt(x.shape[-1] * filter_size))
+            if b is not None:
+                out = out + float(b_std) * b.astype(x.dtype)
+        elif b is not None:
+            out = out + b.astype(x.dtype)
+        return out
+
+    def conv_moments(k: Kernel):
+        spatial = k.shape1[1:-1]
+        pads = _spatial_pads(spatial, filter_shape, strides, "SAME" if circular else padding)
+        outs = _out_sizes(spatial, filter_shape, strides, padding)
+
+        def op(mat, batch_ndim):
+            if k.full:
+                for i in range(nd):
+                    a = batch_ndim + 2 * i
+                    mat = _diag_window_sum(mat, a, a + 1, filter_shape[i], strides[i], pads[i], circular, outs[i])
+            else:
+                axes = tuple(range(batch_ndim, batch_ndim + nd))
+                mat = _window_sum(mat, axes, filter_shape, strides, pads, circular)
+            return mat * (1.0 / filter_size)
+
+        return op
+
+    def kernel_map(k: Kernel) -> Kernel:
+        if k.spatial_ndim != nd:
+            raise ValueError(f"{layer}: input activations have shape {k.shape1}; need {nd} spatial dimensions")
+        op = conv_moments(k)
+
+        def affine(mat):
+            mat = W_std**2 * mat
+            return mat if b_var is None else mat + b_var
+
+        conv_nngp = op(k.nngp, 2)
+        nngp = affine(conv_nngp)
+        ntk = k.ntk
+        if ntk is not None:
+            conv_ntk = op(ntk, 2) if ntk.ndim else ntk
+            if parameterization == "ntk":
+                ntk = nngp + W_std**2 * conv_ntk
+            else:
+                fan_in = float(k.shape1[-1] * filter_size)
+                ntk = fan_in * conv_nngp + W_std**2 * conv_ntk
+                if b_var is not None:
+                    ntk = ntk + 1.0
+        return k.replace(
+            nngp=nngp,
+            ntk=ntk,
+            cov1=affine(op(k.cov1, 1)),
+            cov2=None if k.cov2 is None else affine(op(k.cov2, 1)),
+            shape1=shape_fn(k.shape1),
+            shape2=shape_fn(k.shape2),
+            is_gaussian=True,
+        )
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+
+
+# ---------------------------------------------------------------------------
+# Pooling and reshaping
+# ---------------------------------------------------------------------------
+
+
+def AvgPool(
+    window_shape: Sequence[int],
+    strides: Optional[Sequence[int]] = None,
+    padding: str = "VALID",
+    normalize_edges: bool = False,
+) -> Layer:
+    """Average pooling over spatial windows; ``strides=None`` means stride 1.
+
+    With 'SAME' padding the window average divides by the full window size,
+    unless ``normalize_edges`` (then by the number of real pixels).
+    """
+    window_shape = tuple(int(w) for w in window_shape)
+    nd = len(window_shape)
+    layer = f"AvgPool({window_shape})"
+    strides = (1,) * nd if strides is None else tuple(int(s) for s in strides)
+    if len(strides) != nd or any(s < 1 for s in strides) or any(w < 1 for w in window_shape):
+        raise ValueError(f"{layer}: window and strides must be {nd} positive integers, got {window_shape}, {strides}")
+    padding = str(padding).upper()
+    if padding not in _PADDINGS:
+        raise ValueError(f"{layer}: padding must be one of {_PADDINGS}, got {padding!r}")
+    circular = padding == "CIRCULAR"
+    size = math.prod(window_shape)
+
+    def shape_fn(shape):
+        shape = _single_shape(shape, layer)
+        if len(shape) != nd + 2:
+            raise ValueError(f"{layer}: needs inputs of rank {nd + 2}, got shape {shape}")
+        if padding == "VALID" and any(n < w for n, w in zip(shape[1:-1], window_shape)):
+            raise ValueError(f"{layer}: VALID pooling needs spatial size >= window, got {shape}")
+        return (shape[0],) + _out_sizes(shape[1:-1], window_shape, strides, padding) + (shape[-1],)
+
+    def counts(spatial, pads):
+        """Number of real (unpadded) pixels in each window, per dimension."""
+        res = []
+        for n, w, s, p in zip(spatial, window_shape, strides, pads):
+            ones = jnp.pad(jnp.ones((n,)), [p])
+            c = lax.reduce_window(ones, 0.0, lax.add, (w,), (s,), "VALID")
+            res.append(np.asarray(c))
+        return res
+
+    def init_fn(key, input_shape):
+        return shape_fn(tuple(input_shape)), ()
+
+    def apply_fn(params, x, **kwargs):
+        shape_fn(tuple(x.shape))
+        spatial = x.shape[1:-1]
+        pads = _spatial_pads(spatial, window_shape, strides, "SAME" if circular else padding)
+        out = _window_sum(x, tuple(range(1, nd + 1)), window_shape, strides, pads, circular)
+        if normalize_edges and padding == "SAME":
+            for i, c in enumerate(counts(spatial, pads)):
+                shape = [1] * out.ndim
+                shape[1 + i] = c.shape[0]
+                out = out / jnp.asarray(c, x.dtype).reshape(shape)
+            return out
+        return out * (1.0 / size)
+
+    def kernel_map(k: Kernel) -> Kernel:
+        if not k.full:  # pragma: no cover - the requirement pass guarantees full
+            raise RuntimeError(f"{layer}: internal error, kernel must track all position pairs")
+        if k.spatial_ndim != nd:
+            raise ValueError(f"{layer}: input activations have shape {k.shape1}; need {nd} spatial dimensions")
+        spatial = k.shape1[1:-1]
+        pads = _spatial_pads(spatial, window_shape, strides, "SAME" if circular else padding)
+        cnt = counts(spatial, pads) if (normalize_edges and padding == "SAME") else None
+
+        def op(mat, batch_ndim):
+            axes, win, strd, pp = [], [], [], []
+            for i in range(nd):
+                a = batch_ndim + 2 * i
+                axes += [a, a + 1]
+                win += [window_shape[i]] * 2
+                strd += [strides[i]] * 2
+                pp += [pads[i]] * 2
+            out = _window_sum(mat, tuple(axes), win, strd, pp, circular)
+            if cnt is None:
+                return out * (1.0 / size**2)
+            for i, c in enumerate(cnt):
+                for j in (0, 1):
+                    shape = [1] * out.ndim
+                    shape[batch_ndim + 2 * i + j] = c.shape[0]
+                    out = out / jnp.asarray(c, out.dtype).reshape(shape)
+            return out
+
+        return _map_covs(k, op, op, shape1=shape_fn(k.shape1), shape2=shape_fn(k.shape2))
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True)
+
+
+def GlobalAvgPool() -> Layer:
+    """Mean over all spatial positions: (N, ..., C) -> (N, C)."""
+    layer = "GlobalAvgPool"
+
+    def shape_fn(shape):
+        shape = _single_shape(shape, layer)
+        if len(shape) < 3:
+            raise ValueError(f"{layer}: needs spatial dimensions, got input shape {shape}")
+        return (shape[0], shape[-1])
+
+    def init_fn(key, input_shape):
+        return shape_fn(tuple(input_shape)), ()
+
+    def apply_fn(params, x, **kwargs):
+        shape_fn(tuple(x.shape))
+        return jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
+
+    def kernel_map(k: Kernel) -> Kernel:
+        def op(mat, batch_ndim):
+            return jnp.mean(mat, axis=tuple(range(batch_ndim, mat.ndim)))
+
+        return _map_covs(k, op, op, shape1=shape_fn(k.shape1), shape2=shape_fn(k.shape2), full=False)
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True)
+
+
+def _spatial_diagonal(mat, batch_ndim: int):
+    """(batch..., H, H', W, W') -> (batch..., H, W): same-position entries."""
+    nd = (mat.ndim - batch_ndim) // 2
+    for _ in range(nd):
+        # Take the diagonal of the leading pair and move it to the end.
+        mat = jnp.diagonal(mat, axis1=batch_ndim, axis2=batch_ndim + 1)
+    return mat
+
+
+def Flatten() -> Layer:
+    """Flatten all non-batch axes: (N, H, W, C) -> (N, H*W*C)."""
+    layer = "Flatten"
+
+    def shape_fn(shape):
+        shape = _single_shape(shape, layer)
+        return (shape[0], int(math.prod(shape[1:])))
+
+    def init_fn(key, input_shape):
+        return shape_fn(tuple(input_shape)), ()
+
+    def apply_fn(params, x, **kwargs):
+        return jnp.reshape(x, (x.shape[0], -1))
+
+    def kernel_map(k: Kernel) -> Kernel:
+        def op(mat, batch_ndim):
+            if mat.ndim <= batch_ndim:
+                return mat
+            if k.full:
+                mat = _spatial_diagonal(mat, batch_ndim)
+            return jnp.mean(mat, axis=tuple(range(batch_ndim, mat.ndim)))
+
+        return _map_covs(k, op, op, shape1=shape_fn(k.shape1), shape2=shape_fn(k.shape2), full=False)
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: False)
+
+
+def Identity() -> Layer:
+    """The identity map."""
+
+    def init_fn(key, input_shape):
+        return input_shape, ()
+
+    return Layer("Identity", init_fn, lambda params, x, **kw: x, lambda s: s, lambda k: k, lambda full: full)
+
+
+# ---------------------------------------------------------------------------
+# Activations
+# ---------------------------------------------------------------------------
+
+
+def _pair_variances(k: Kernel):
+    """Variances matching each entry of nngp, cov1 and cov2 (broadcastable)."""
+    nd = k.spatial_ndim
+    if not k.full or nd == 0:
+        v1 = k.cov1
+        v2 = k.cov1 if k.cov2 is None else k.cov2
+        nngp_pair = (v1[:, None], v2[None])
+        return nngp_pair, (k.cov1, k.cov1), None if k.cov2 is None else (k.cov2, k.cov2)
+
+    d1 = _spatial_diagonal(k.cov1, 1)  # (N1, H, W)
+    d2 = d1 if k.cov2 is None else _spatial_diagonal(k.cov2, 1)
+
+    def interleave(d, first: bool, batch_pos):
+        # (N, H, W) -> positions (H, 1, W, 1) or (1, H, 1, W) after batch axes.
+        n = d.shape[0]
+        shape = [1] * len(batch_pos)
+        shape[batch_pos.index(True)] = n
+        for size in d.shape[1:]:
+            shape += [size, 1] if first else [1, size]
+        return d.reshape(shape)
+
+    nngp_pair = (interleave(d1, True, [True, False]), interleave(d2, False, [False, True]))
+    cov1_pair = (interleave(d1, True, [True]), interleave(d1, False, [True]))
+    cov2_pair = None if k.cov2 is None else (interleave(d2, True, [True]), interleave(d2, False, [True]))
+    return nngp_pair, cov1_pair, cov2_pair
+
+
+def _activation(name: str, fn: Callable, moments: Callable) -> Layer:
+    """Elementwise layer from ``moments(c, v1, v2, need_dot) -> (E[phi phi], E[phi' phi'] or None)``."""
+
+    def init_fn(key, input_shape):
+        return input_shape, ()
+
+    def apply_fn(params, x, **kwargs):
+        return fn(x)
+
+    def kernel_map(k: Kernel) -> Kernel:
+        if not k.is_gaussian:
+            raise ValueError(
+                f"{name}: the input to an activation must be Gaussian, i.e. an affine layer (Dense or "
+                f"Conv) must come before it; got activations of shape {k.shape1} that are not"
+            )
+        nngp_pair, cov1_pair, cov2_pair = _pair_variances(k)
+        want_dot = k.ntk is not None
+        nngp, dot = moments(k.nngp, *nngp_pair, want_dot)
+        cov1, _ = moments(k.cov1, *cov1_pair, False)
+        cov2 = None if cov2_pair is None else moments(k.cov2, *cov2_pair, False)[0]
+        ntk = None if k.ntk is None else k.ntk * dot
+        return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=False)
+
+    return Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full)
+
+
+def _safe_sqrt(x):
+    return jnp.sqrt(jnp.maximum(x, 0.0))
+
+
+def ABRelu(a: float, b: float) -> Layer:
+    """phi(x) = a min(x, 0) + b max(x, 0) (Cho & Saul 2009 arc-cosine kernel, generalised).
+
+    With theta the angle between u and v:
+    E[phi phi] = (a - b)^2 / (2 pi) sqrt(v1 v2) sin(theta) + [(a^2 + b^2)/2 - (a - b)^2 theta / (2 pi)] c,
+    E[phi' phi'] = (a^2 + b^2)/2 - (a - b)^2 theta / (2 pi).
+    """
+    a, b = float(a), float(b)
+
+    def fn(x):
+        return a * jnp.minimum(x, 0) + b * jnp.maximum(x, 0)
+
+    def moments(c, v1, v2, want_dot):
+        sin_part = _safe_sqrt(v1 * v2 - c * c)  # sqrt(v1 v2) sin(theta)
+        theta = jnp.arctan2(sin_part, c)
+        slope = (a - b) ** 2 / (2 * math.pi)
+        dot = (a * a + b * b) / 2 - slope * theta
+        return slope * sin_part + dot * c, (dot if want_dot else None)
+
+    return _activation(f"ABRelu({a}, {b})", fn, moments)
+
+
+def Relu() -> Layer:
+    """phi(x) = max(x, 0)."""
+    layer = ABRelu(0.0, 1.0)
+    layer.name = "Relu"
+    return layer
+
+
+def LeakyRelu(alpha: float) -> Layer:
+    """phi(x) = x for x > 0, alpha x otherwise."""
+    return ABRelu(alpha, 1.0)
+
+
+def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
+    """phi(x) = a erf(b x) + c (Williams 1997).
+
+    E[erf(bu) erf(bv)] = (2/pi) arcsin(2 b^2 c / sqrt((1 + 2 b^2 v1)(1 + 2 b^2 v2))),
+    E[phi' phi'] = a^2 b^2 (4/pi) / sqrt((1 + 2b^2 v1)(1 + 2b^2 v2) - 4 b^4 c^2).
+    """
+    a, b, shift = float(a), float(b), float(c)
+
+    def fn(x):
+        return a * jax.scipy.special.erf(b * x) + shift
+
+    def moments(cov, v1, v2, want_dot):
+        b2 = b * b
+        prod = (1 + 2 * b2 * v1) * (1 + 2 * b2 * v2)
+        root = _safe_sqrt(prod - 4 * (b2 * cov) ** 2)
+        val = a * a * (2 / math.pi) * jnp.arctan2(2 * b2 * cov, root) + shift * shift
+        dot = a * a * b2 * (4 / math.pi) / root if want_dot else None
+        return val, dot
+
+    return _activation(f"Erf({a}, {b}, {shift})", fn, moments)
+
+
+def Gelu(approximate: bool = False) -> Layer:
+    """phi(x) = x Phi(x) (Tsuchida et al. 2021 give the NNGP).
+
+    With P = (1 + v1)(1 + v2), D^2 = P - c^2, A = arctan(c / D):
+    E[phi phi] = c/4 + [c A + (c^2 + v1 v2 D^2) / (P D)] / (2 pi),
+    E[phi' phi'] = 1/4 + A / (2 pi) + c (1/D^2 + (1 - v1 v2)/P + 1) / (2 pi D).
+    ``approximate`` only changes the finite network (tanh approximation).
+    """
+
+    def fn(x):
+        return jax.nn.gelu(x, approximate=approximate)
+
+    def moments(c, v1, v2, want_dot):
+        prod_plus = (1 + v1) * (1 + v2)
+        prod = v1 * v2
+        d2 = prod_plus - c * c
+        d = _safe_sqrt(d2)
+        angle = jnp.arctan2(c, d)
+        val = 0.25 * c + (c * angle + (c * c + prod * d2) / (prod_plus * d)) / (2 * math.pi)
+        dot = None
+        if want_dot:
+            dot = 0.25 + angle / (2 * math.pi) + c * (1 / d2 + (1 - prod) / prod_plus + 1) / (2 * math.pi * d)
+        return val, dot
+
+    return _activation("Gelu", fn, moments)
+
+
+def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
+    """phi(x) = a sin(b x + c).
+
+    E[phi phi] = a^2/2 [e^{-b^2 (v1 + v2 - 2c)/2} - e^{-b^2 (v1 + v2 + 2c)/2} cos 2c_phase].
+    """
+    a, b, phase = float(a), float(b), float(c)
+
+    def fn(x):
+        return a * jnp.sin(b * x + phase)
+
+    def moments(cov, v1, v2, want_dot):
+        half = -0.5 * (v1 + v2)
+        s1 = jnp.exp(b * b * (half + cov))
+        s2 = jnp.exp(b * b * (half - cov)) * math.cos(2 * phase)
+        val = 0.5 * a * a * (s1 - s2)
+        dot = 0.5 * a * a * b * b * (s1 + s2) if want_dot else None
+        return val, dot
+
+    return _activation(f"Sin({a}, {b}, {phase})", fn, moments)
+
+
+def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
+    """phi(x) = a exp(b x^2).
+
+    E[phi phi] = a^2 / sqrt((1 - 2b v1)(1 - 2b v2) - 4 b^2 c^2); the derivative
+    kernel is a^2 4 b^2 c / det^{3/2}.
+    """
+    a, b = float(a), float(b)
+
+    def fn(x):
+        return a * jnp.exp(b * x * x)
+
+    def moments(c, v1, v2, want_dot):
+        det = (1 - 2 * b * v1) * (1 - 2 * b * v2) - 4 * b * b * c * c
+        root = _safe_sqrt(det)
+        val = a * a / root
+        dot = a * a * 4 * b * b * c / root**3 if want_dot else None
+        return val, dot
+
+    return _activation(f"Gaussian({a}, {b})", fn, moments)
+
+
+def ElementwiseNumerical(fn: Callable, deg: int, df: Optional[Callable] = None) -> Layer:
+    """Any elementwise phi by ``deg``-point Gauss-Hermite quadrature in two dimensions.
+
+    (u, v) = (sqrt(2 v1) x, c sqrt(2 / v1) x + sqrt(2 (v2 - c^2 / v1)) y) with
+    x, y the Hermite nodes (the Cholesky factor of the 2x2 covariance); the
+    NTK uses phi' from `jax.grad` unless ``df`` is given. Cost and memory grow
+    as deg^2 per kernel entry.
+    """
+    if not isinstance(deg, (int, np.integer)) or deg < 1:
+        raise ValueError(f"ElementwiseNumerical: deg must be a positive integer, got {deg!r}")
+    if not callable(fn):
+        raise TypeError(f"ElementwiseNumerical: fn must be callable, got {type(fn).__name__}")
+    nodes, weights = np.polynomial.hermite.hermgauss(int(deg))
+    dfn = df if df is not None else jnp.vectorize(jax.grad(fn))
+
+    def integrate(f, c, v1, v2):
+        dtype = c.dtype
+        x = jnp.asarray(nodes, dtype)
+        w = jnp.asarray(weights, dtype)
+        c, v1, v2 = jnp.broadcast_arrays(c, v1, v2)
+        safe_v1 = jnp.maximum(v1, jnp.finfo(dtype).tiny)
+        scale_u = jnp.sqrt(2 * v1)
+        slope = c * jnp.sqrt(2 / safe_v1)
+        rest = _safe_sqrt(2 * (v2 - c * c / safe_v1))[..., None]
+
+        # One outer node at a time keeps memory at (entries x deg), not deg^2.
+        def body(acc, node):
+            xi, wi = node
+            inner = f((slope * xi)[..., None] + rest * x) @ w
+            return acc + wi * f(scale_u * xi) * inner, None
+
+        total, _ = lax.scan(body, jnp.zeros_like(c), (x, w))
+        return total / math.pi
+
+    def moments(c, v1, v2, want_dot):
+        val = integrate(fn, c, v1, v2)
+        dot = integrate(dfn, c, v1, v2) if want_dot else None
+        return val, dot
+
+    name = getattr(fn, "__name__", "fn")
+    return _activation(f"ElementwiseNumerical({name}, deg={deg})", fn, moments)
+
+
+# ---------------------------------------------------------------------------
+# Combinators
+# ---------------------------------------------------------------------------
+
+
+def serial(*layers) -> Layer:
+    """Compose layers left to right."""
+    if not layers:
+        raise ValueError("serial: needs at least one layer")
+    layers = [_as_layer(l, f"serial (argument {i})") for i, l in enumerate(layers)]
+    name = "serial(" + ", ".join(l.name for l in layers) + ")"
+
+    def shape_fn(shape):
+        for l in layers:
+            shape = l.shape_fn(shape)
+        return shape
+
+    def init_fn(key, input_shape):
+        keys = jax.random.split(key, len(layers))
+        params = []
+        shape = input_shape
+        for l, k in zip(layers, keys):
+            shape, p = l[0](k, shape)
+            params.append(p)
+        return shape, tuple(params)
+
+    def apply_fn(params, x, **kwargs):
+        if len(params) != len(layers):
+            raise ValueError(f"serial: got {len(params)} parameter groups for {len(layers)} layers")
+        for l, p in zip(layers, params):
+            x = l[1](p, x, **kwargs)
+        return x
+
+    def kernel_map(k):
+        for l in layers:
+            k = l.kernel_map(k)
+        return k
+
+    def needs_full(full):
+        for l in reversed(layers):
+            full = l.needs_full(full)
+        return full
+
+    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full)
+
+
+def _check_branches(obj, n: int, layer: str):
+    if not isinstance(obj, (list, tuple)) or (n and len(obj) != n):
+        got = f"{len(obj)} inputs" if isinstance(obj, (list, tuple)) else type(obj).__name__
+        raise ValueError(f"{layer}: expected a list of {n or 'several'} branches, got {got}")
+
+
+def _is_shape_list(shape) -> bool:
+    return isinstance(shape, list) or (isinstance(shape, tuple) and shape and isinstance(shape[0], tuple))
+
+
+def parallel(*layers) -> Layer:
+    """Apply the i-th layer to the i-th input of a list (after `FanOut`)."""
+    if not layers:
+        raise ValueError("parallel: needs at least one layer")
+    layers = [_as_layer(l, f"parallel (argument {i})") for i, l in enumerate(layers)]
+    n = len(layers)
+    name = "parallel(" + ", ".join(l.name for l in layers) + ")"
+
+    def shape_fn(shapes):
+        if not _is_shape_list(shapes):
+            raise ValueError(f"{name}: expected {n} branch inputs (use FanOut first), got one input {shapes}")
+        _check_branches(shapes, n, "parallel")
+        return [l.shape_fn(s) for l, s in zip(layers, shapes)]
+
+    def init_fn(key, input_shapes):
+        shape_fn(list(input_shapes))
+        keys = jax.random.split(key, n)
+        outs = [l[0](k, s) for l, k, s in zip(layers, keys, input_shapes)]
+        return [o[0] for o in outs], tuple(o[1] for o in outs)
+
+    def apply_fn(params, xs, **kwargs):
+        _check_branches(xs, n, "parallel")
+        return [l[1](p, x, **kwargs) for l, p, x in zip(layers, params, xs)]
+
+    def kernel_map(ks):
+        _check_branches(ks, n, "parallel")
+        return [l.kernel_map(k) for l, k in zip(layers, ks)]
+
+    def needs_full(full):
+        return any(l.needs_full(full) for l in layers)
+
+    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full)
+
+
+def FanOut(num: int) -> Layer:
+    """Copy the input into ``num`` branches."""
+    if not isinstance(num, (int, np.integer)) or num < 1:
+        raise ValueError(f"FanOut: num must be a positive integer, got {num!r}")
+    layer = f"FanOut({num})"
+
+    def shape_fn(shape):
+        return [_single_shape(shape, layer)] * num
+
+    def init_fn(key, input_shape):
+        return shape_fn(tuple(input_shape)), ()
+
+    return Layer(layer, init_fn, lambda p, x, **kw: [x] * num, shape_fn, lambda k: [k] * num, lambda full: full)
+
+
+def _branch_shapes(shapes, layer):
+    if not _is_shape_list(shapes):
+        raise ValueError(f"{layer}: expects a list of branches (after FanOut/parallel), got one input {shapes}")
+    return [tuple(s) for s in shapes]
+
+
+def FanInSum() -> Layer:
+    """Sum the branches (residual connections); all branch shapes must agree."""
+    layer = "FanInSum"
+
+    def shape_fn(shapes):
+        shapes = _branch_shapes(shapes, layer)
+        if any(s != shapes[0] for s in shapes):
+            raise ValueError(f"{layer}: branch shapes differ: {shapes}")
+        return shapes[0]
+
+    def init_fn(key, input_shapes):
+        return shape_fn(list(input_shapes)), ()
+
+    def apply_fn(params, xs, **kwargs):
+        shape_fn([tuple(x.shape) for x in xs])
+        return functools.reduce(operator.add, xs)
+
+    def kernel_map(ks):
+        shape_fn([k.shape1 for k in ks])
+
+        def total(attr):
+            vals = [getattr(k, attr) for k in ks]
+            if any(v is None for v in vals):
+                return None
+            return functools.reduce(operator.add, vals)
+
+        return ks[0].replace(
+            nngp=total("nngp"),
+            ntk=total("ntk"),
+            cov1=total("cov1"),
+            cov2=total("cov2"),
+            is_gaussian=all(k.is_gaussian for k in ks),
+        )
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+
+
+def FanInConcat(axis: int = -1) -> Layer:
+    """Concatenate the branches along ``axis``.
+
+    The kernel is defined for the channel axis (the default): concatenating
+    channels averages the branch kernels weighted by their finite widths.
+    """
+    layer = f"FanInConcat(axis={axis})"
+
+    def shape_fn(shapes):
+        shapes = _branch_shapes(shapes, layer)
+        ndim = len(shapes[0])
+        ax = axis % ndim
+        for s in shapes:
+            if len(s) != ndim or any(s[i] != shapes[0][i] for i in range(ndim) if i != ax):
+                raise ValueError(f"{layer}: branch shapes {shapes} differ outside axis {axis}")
+        out = list(shapes[0])
+        out[ax] = sum(s[ax] for s in shapes)
+        return tuple(out)
+
+    def init_fn(key, input_shapes):
+        return shape_fn(list(input_shapes)), ()
+
+    def apply_fn(params, xs, **kwargs):
+        shape_fn([tuple(x.shape) for x in xs])
+        return jnp.concatenate(xs, axis=axis)
+
+    def kernel_map(ks):
+        out_shape = shape_fn([k.shape1 for k in ks])
+        if axis % len(out_shape) != len(out_shape) - 1:
+            raise NotImplementedError(
+                f"{layer}: the infinite-width kernel is implemented for concatenation along the channel "
+                f"(last) axis only"
+            )
+        widths = [float(k.shape1[-1]) for k in ks]
+        total_w = sum(widths)
+
+        def mix(attr):
+            vals = [getattr(k, attr) for k in ks]
+            if any(v is None for v in vals):
+                return None
+            return functools.reduce(operator.add, [v * (w / total_w) for v, w in zip(vals, widths)])
+
+        return ks[0].replace(
+            nngp=mix("nngp"),
+            ntk=mix("ntk"),
+            cov1=mix("cov1"),
+            cov2=mix("cov2"),
+            shape1=out_shape,
+            shape2=shape_fn([k.shape2 for k in ks]),
+            is_gaussian=all(k.is_gaussian for k in ks),
+        )
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
