@@ -234,7 +234,7 @@ def batched_kernel_fn(
 
             def one_tile(a, b):
                 out = kernel_fn(a, b, get=names)
-                return tuple(getattr(out, n) for n in names) if len(names) > 1 else (out,)
+                return tuple(getattr(out, n) for n in names)
 
             compiled_cache[get_key] = jax.jit(
                 jax.vmap(one_tile), in_shardings=(tile_sharding, tile_sharding), out_shardings=replicated
@@ -325,8 +325,7 @@ def diagonal(kernel_fn: Callable, x, get=("nngp", "ntk"), batch_size: int = 1024
 
     def one(point):
         out = kernel_fn(point[None], None, get=names)
-        vals = (out,) if single else tuple(getattr(out, n) for n in names)
-        return tuple(v[0, 0] for v in vals)
+        return tuple(getattr(out, n)[0, 0] for n in names)
 
     fn = jax.jit(jax.vmap(one))
     chunks = [fn(x[s : s + batch_size]) for s in range(0, x.shape[0], batch_size)]

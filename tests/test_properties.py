@@ -1,0 +1,168 @@
+"""Invariants over random architectures (hypothesis): symmetry, PSD, tiling, sharding, diagonals."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from smnngp import stax
+from smnngp.kernels import batched_kernel_fn, diagonal
+
+ACTIVATIONS = [
+    lambda: stax.Relu(),
+    lambda: stax.Erf(),
+    lambda: stax.Gelu(),
+    lambda: stax.Sin(),
+    lambda: stax.Gaussian(),
+    lambda: stax.ABRelu(-0.4, 0.9),
+    lambda: stax.LeakyRelu(0.2),
+    lambda: stax.Erf(a=1.3, b=0.7, c=0.1),
+]
+
+stds = st.floats(0.5, 2.0)
+biases = st.one_of(st.none(), st.floats(0.0, 1.0))
+params = st.sampled_from(["ntk", "standard"])
+
+
+@st.composite
+def dense_archs(draw):
+    depth = draw(st.integers(1, 4))
+    param = draw(params)
+    layers = []
+    for _ in range(depth):
+        layers += [stax.Dense(draw(st.integers(1, 64)), draw(stds), draw(biases), param),
+                   ACTIVATIONS[draw(st.integers(0, len(ACTIVATIONS) - 1))]()]
+    if draw(st.booleans()):  # a residual block
+        layers += [stax.Dense(32, draw(stds), draw(biases), param), stax.FanOut(2),
+                   stax.parallel(stax.serial(stax.Relu(), stax.Dense(32, draw(stds), None, param)), stax.Identity()),
+                   stax.FanInSum(), stax.Erf()]
+    layers.append(stax.Dense(1, draw(stds), draw(biases), param))
+    n, d = draw(st.integers(2, 9)), draw(st.integers(1, 6))
+    return stax.serial(*layers), (n, d)
+
+
+@st.composite
+def conv_archs(draw):
+    nd = draw(st.integers(1, 2))
+    param = draw(params)
+    pad = draw(st.sampled_from(["SAME", "CIRCULAR"]))
+    layers = []
+    for _ in range(draw(st.integers(1, 2))):
+        layers += [stax.Conv(8, (draw(st.integers(1, 3)),) * nd, padding=pad, W_std=draw(stds), b_std=draw(biases),
+                             parameterization=param),
+                   ACTIVATIONS[draw(st.integers(0, len(ACTIVATIONS) - 1))]()]
+    if draw(st.booleans()):
+        layers.append(stax.AvgPool((2,) * nd, strides=(draw(st.integers(1, 2)),) * nd, padding=pad))
+    layers.append(draw(st.sampled_from([stax.Flatten(), stax.GlobalAvgPool()])))
+    layers.append(stax.Dense(1, draw(stds), draw(biases), param))
+    n = draw(st.integers(2, 5))
+    return stax.serial(*layers), (n,) + (draw(st.integers(3, 5)),) * nd + (draw(st.integers(1, 3)),)
+
+
+def _check_psd(mat, what):
+    mat = np.asarray(mat)
+    assert np.allclose(mat, mat.T, rtol=1e-12, atol=1e-12 * np.abs(mat).max()), f"{what} not symmetric"
+    eig = np.linalg.eigvalsh((mat + mat.T) / 2)
+    assert eig.min() >= -1e-10 * max(np.trace(mat), 1e-300), f"{what}: min eigenvalue {eig.min()}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arch=dense_archs(), seed=st.integers(0, 2**16))
+def test_dense_kernels_symmetric_psd_and_consistent(arch, seed):
+    layer, shape = arch
+    x = np.random.RandomState(seed).normal(size=shape)
+    k = layer[2](jnp.asarray(x), None, ("nngp", "ntk"))
+    _check_psd(k.nngp, "nngp")
+    _check_psd(k.ntk, "ntk")
+    # k(x, x) with x2 given equals the x2=None path. The ReLU-family kernels have a
+    # square-root singularity at correlation 1, so a last-bit difference in the input
+    # moments (two einsums) may move coincident-point entries by ~sqrt(eps) ~ 1e-8.
+    k2 = layer[2](jnp.asarray(x), jnp.asarray(x), ("nngp", "ntk"))
+    np.testing.assert_allclose(k2.nngp, k.nngp, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(k2.ntk, k.ntk, rtol=1e-6, atol=1e-12)
+    d = diagonal(layer[2], x, ("nngp", "ntk"))
+    np.testing.assert_allclose(d.nngp, np.diag(k.nngp), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(d.ntk, np.diag(k.ntk), rtol=1e-12, atol=1e-14)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arch=conv_archs(), seed=st.integers(0, 2**16))
+def test_conv_kernels_symmetric_psd(arch, seed):
+    layer, shape = arch
+    x = np.random.RandomState(seed).normal(size=shape)
+    k = layer[2](jnp.asarray(x), None, ("nngp", "ntk"))
+    _check_psd(k.nngp, "nngp")
+    _check_psd(k.ntk, "ntk")
+
+
+@settings(max_examples=10, deadline=None)
+@given(arch=dense_archs(), b=st.integers(1, 4), seed=st.integers(0, 2**16), sym=st.booleans())
+def test_tiled_equals_untiled(arch, b, seed, sym):
+    layer, shape = arch
+    rng = np.random.RandomState(seed)
+    x1 = rng.normal(size=shape)
+    x2 = None if sym else rng.normal(size=(shape[0] + 2, shape[1]))
+    ref = layer[2](jnp.asarray(x1), None if x2 is None else jnp.asarray(x2), ("nngp", "ntk"))
+    tiled = batched_kernel_fn(layer[2], batch_size=b)(x1, x2)
+    np.testing.assert_allclose(tiled.nngp, ref.nngp, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(tiled.ntk, ref.ntk, rtol=1e-12, atol=1e-14)
+
+
+def test_tiled_cnn_full_spatial_output_symmetric_fill():
+    # A network ending in a Conv keeps all position pairs; mirrored tiles must swap them.
+    layer = stax.serial(stax.Conv(4, (3,), padding="SAME", W_std=1.3, b_std=0.1), stax.Relu(),
+                        stax.AvgPool((2,)), stax.Conv(2, (2,), padding="VALID"))
+    x = np.random.RandomState(0).normal(size=(7, 6, 2))
+    ref = layer[2](jnp.asarray(x), None, "nngp")
+    tiled = batched_kernel_fn(layer[2], batch_size=3)(x, None, "nngp")
+    assert ref.shape == (7, 7, 4, 4)
+    np.testing.assert_allclose(tiled, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_memory_cap_chooses_tiles():
+    layer = stax.serial(stax.Dense(8, 1.2, 0.1), stax.Relu(), stax.Dense(1))
+    x = np.random.RandomState(0).normal(size=(300, 3))
+    ref = layer[2](jnp.asarray(x), None, "nngp")
+    small = batched_kernel_fn(layer[2], max_memory_bytes=200_000)(x, None, "nngp")
+    np.testing.assert_allclose(small, ref, rtol=1e-12, atol=1e-14)
+
+
+SHARDED = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import numpy as np, jax.numpy as jnp
+    from smnngp import stax
+    from smnngp.kernels import batched_kernel_fn
+    assert len(jax.local_devices()) == 4, jax.local_devices()
+    layer = stax.serial(stax.Conv(8, (3, 3), padding="SAME", W_std=1.4, b_std=0.1), stax.Relu(),
+                        stax.AvgPool((2, 2), strides=(2, 2)), stax.Flatten(), stax.Dense(1))
+    x1 = np.random.RandomState(0).normal(size=(13, 4, 4, 2))
+    x2 = np.random.RandomState(1).normal(size=(9, 4, 4, 2))
+    ref = layer[2](jnp.asarray(x1), jnp.asarray(x2), ("nngp", "ntk"))
+    fn = batched_kernel_fn(layer[2], batch_size=3)
+    out = fn(x1, x2)
+    np.testing.assert_allclose(out.nngp, ref.nngp, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out.ntk, ref.ntk, rtol=1e-12, atol=1e-14)
+    sym = fn(x1)
+    ref_sym = layer[2](jnp.asarray(x1), None, ("nngp", "ntk"))
+    np.testing.assert_allclose(sym.ntk, ref_sym.ntk, rtol=1e-12, atol=1e-14)
+    print("SHARDED-OK", len(jax.local_devices()))
+    """
+)
+
+
+def test_sharded_equals_unsharded_on_four_host_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, env=env, cwd=root,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "SHARDED-OK 4" in res.stdout
