@@ -1,1 +1,1 @@
-"""Finite Bayesian networks built from smnngp.stax specs (finite layer of ARCHITECTURE.md); its modules arrive with their issues."""
+"""Finite Bayesian networks built from smnngp.stax specs (ARCHITECTURE.md); modules arrive with their issues."""

@@ -1,0 +1,11 @@
+"""`python -m experiments <name>`: thin scripts that reproduce the papers' tables.
+
+Each experiment module exposes ``DESCRIPTION`` (one line), ``add_arguments(parser)``
+(optional, its own options) and ``run(args) -> Report``; the command line adds
+``--out DIR``, ``--seed`` and ``--quick`` to every experiment and writes
+``results.json``, ``results.md`` and figures through `experiments.report`.
+"""
+
+EXPERIMENTS = {
+    "quickstart": "experiments.quickstart",
+}

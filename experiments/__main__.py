@@ -1,0 +1,61 @@
+"""Command line: `python -m experiments list` and `python -m experiments NAME [--out DIR] [--seed S] [--quick]`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+from experiments import EXPERIMENTS, report
+
+
+def _load(name):
+    return importlib.import_module(EXPERIMENTS[name])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    lines = [f"  {name:<18s} {_load(name).DESCRIPTION}" for name in EXPERIMENTS]
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments",
+        description="Reproduce the papers' experiments. Each writes results.json, results.md and figures to --out.",
+        epilog="experiments:\n" + "\n".join(lines),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{list," + ",".join(EXPERIMENTS) + "}")
+    sub.add_parser("list", help="list the experiments with a one-line description")
+    for name in EXPERIMENTS:
+        module = _load(name)
+        p = sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION)
+        p.add_argument("--out", default=os.path.join("results", name), help="output directory (default: results/NAME)")
+        p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+        p.add_argument("--quick", action="store_true", help="fast mode (minutes at most), as run by CI")
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(p)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if args.command == "list":
+        for name in EXPERIMENTS:
+            print(f"{name:<18s} {_load(name).DESCRIPTION}")
+        return 0
+    module = _load(args.command)
+    config = {k: v for k, v in vars(args).items() if k not in ("command", "out", "seed")}
+    start = time.perf_counter()
+    rep = module.run(args)
+    wall = time.perf_counter() - start
+    path = report.write(args.out, args.command, config, args.seed, wall, rep)
+    print(rep.markdown)
+    print(f"\nwrote {path} and results.json ({wall:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
