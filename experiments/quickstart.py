@@ -29,29 +29,6 @@ def _architecture(stax, width):
     )
 
 
-def _sample_outputs(layer, x, key, draws, chunk=200):
-    init_fn, apply_fn, _ = layer
-
-    @jax.jit
-    def batch(keys):
-        def one(k):
-            _, params = init_fn(k, x.shape)
-            return apply_fn(params, x)[:, 0]
-
-        return jax.vmap(one)(keys)
-
-    keys = jax.random.split(key, draws)
-    return np.concatenate([np.asarray(batch(keys[i : i + chunk])) for i in range(0, draws, chunk)])
-
-
-def _empirical_ntk(layer, x, key):
-    init_fn, apply_fn, _ = layer
-    _, params = init_fn(key, x.shape)
-    jac = jax.jacrev(lambda p: apply_fn(p, x)[:, 0])(params)
-    rows = [j.reshape(x.shape[0], -1) for j in jax.tree_util.tree_leaves(jac)]
-    return np.asarray(sum(r @ r.T for r in rows))
-
-
 def _summary(widths, per_width, ntk_widths, ntk_res, draws) -> str:
     """Describe what the numbers show (computed from them, never assumed)."""
     first, last = per_width[widths[0]], per_width[widths[-1]]
@@ -78,6 +55,7 @@ def run(args) -> Report:
     import jax.numpy as jnp
 
     from smnngp import stax
+    from smnngp.empirical import empirical_ntk, sample_outputs
 
     widths = [2, 8, 32, 128] if args.quick else [2, 8, 32, 128, 512]
     ntk_widths = [32, 256] if args.quick else [32, 256, 2048]
@@ -90,7 +68,8 @@ def run(args) -> Report:
 
     rows, per_width, samples = [], {}, {}
     for i, w in enumerate(widths):
-        f = _sample_outputs(_architecture(stax, w), x, jax.random.fold_in(key, i), draws)
+        net = _architecture(stax, w)
+        f = sample_outputs(net[0], net[1], x, jax.random.fold_in(key, i), draws)[:, :, 0]
         prods = f[:, :, None] * f[:, None, :]
         emp = prods.mean(0)
         se = prods.std(0, ddof=1) / np.sqrt(draws)
@@ -106,7 +85,9 @@ def run(args) -> Report:
     ntk_rows, ntk_res = [], {}
     for j, w in enumerate(ntk_widths):
         keys = jax.random.split(jax.random.fold_in(key, 100 + j), 4)
-        errs = [np.linalg.norm(_empirical_ntk(_architecture(stax, w), x, k) - ntk) / np.linalg.norm(ntk) for k in keys]
+        init_fn, apply_fn, _ = _architecture(stax, w)
+        errs = [np.linalg.norm(np.asarray(empirical_ntk(apply_fn, init_fn(k, x.shape)[1], x)) - ntk)
+                / np.linalg.norm(ntk) for k in keys]
         ntk_res[w] = dict(mean_rel_frobenius=float(np.mean(errs)), draws=len(errs))
         ntk_rows.append([w, len(errs), float(np.mean(errs))])
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from smnngp import stax
+from smnngp.empirical import empirical_ntk, monte_carlo_nngp
 
 M = 2000
 CHUNK = 250
@@ -42,41 +43,15 @@ def _archs():
     }
 
 
-def _outputs(layer, x, key, n_draws):
-    init_fn, apply_fn, _ = layer
-
-    @jax.jit
-    def draw(keys):
-        def one(k):
-            _, params = init_fn(k, x.shape)
-            return apply_fn(params, x)[:, 0]
-
-        return jax.vmap(one)(keys)
-
-    keys = jax.random.split(key, n_draws)
-    return np.concatenate([np.asarray(draw(keys[i : i + CHUNK])) for i in range(0, n_draws, CHUNK)])
-
-
 @pytest.mark.parametrize("name", sorted(_archs()))
 def test_empirical_nngp_within_4_standard_errors(name):
     layer, shape = _archs()[name]
     x = jax.random.normal(jax.random.PRNGKey(1), shape, dtype=jnp.float32)
-    f = _outputs(layer, x, jax.random.PRNGKey(2), M).astype(np.float64)  # (M, n)
-    prods = f[:, :, None] * f[:, None, :]
-    emp = prods.mean(0)
-    se = prods.std(0, ddof=1) / np.sqrt(M)
+    emp, se = monte_carlo_nngp(layer[0], layer[1], x, jax.random.PRNGKey(2), M, CHUNK)
     k = np.asarray(layer[2](x.astype(jnp.float64), None, "nngp"))
     iu = np.triu_indices(shape[0])
     z = np.abs(emp - k)[iu] / se[iu]
     assert z.max() < 4.0, f"{name}: worst entry is {z.max():.2f} SE away; emp={emp[iu]}, kernel={k[iu]}"
-
-
-def _empirical_ntk(layer, x, key):
-    init_fn, apply_fn, _ = layer
-    _, params = init_fn(key, x.shape)
-    jac = jax.jacrev(lambda p: apply_fn(p, x)[:, 0])(params)
-    leaves = [j.reshape(x.shape[0], -1) for j in jax.tree_util.tree_leaves(jac)]
-    return sum(l @ l.T for l in leaves)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +69,17 @@ def _empirical_ntk(layer, x, key):
 def test_empirical_ntk_within_5_percent(name, layer, shape):
     x = jax.random.normal(jax.random.PRNGKey(3), shape, dtype=jnp.float64)
     keys = jax.random.split(jax.random.PRNGKey(4), 4)
-    emp = sum(np.asarray(_empirical_ntk(layer, x, k)) for k in keys) / len(keys)
+    emp = sum(np.asarray(empirical_ntk(layer[1], layer[0](k, x.shape)[1], x)) for k in keys) / len(keys)
     ntk = np.asarray(layer[2](x, None, "ntk"))
     err = np.linalg.norm(emp - ntk) / np.linalg.norm(ntk)
     assert err < 0.05, f"{name}: relative Frobenius error {err:.3f}"
+
+
+def test_empirical_ntk_of_a_linear_layer_is_exact():
+    # For one Dense layer the parameter gradient is deterministic: the empirical NTK
+    # equals the infinite-width NTK for every draw, and is the same for every output channel.
+    layer = stax.Dense(3, W_std=1.7, b_std=0.4)
+    x1 = jax.random.normal(jax.random.PRNGKey(5), (4, 6), dtype=jnp.float64)
+    x2 = jax.random.normal(jax.random.PRNGKey(6), (3, 6), dtype=jnp.float64)
+    _, params = layer[0](jax.random.PRNGKey(7), x1.shape)
+    np.testing.assert_allclose(empirical_ntk(layer[1], params, x1, x2), layer[2](x1, x2, "ntk"), rtol=1e-12)
