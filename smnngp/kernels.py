@@ -30,7 +30,8 @@ local devices with `jax.sharding`, and assembles the result in host memory;
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +83,7 @@ class Kernel:
         return cls(*children, *aux)
 
     # -- conveniences ----------------------------------------------------
-    def replace(self, **changes) -> "Kernel":
+    def replace(self, **changes) -> Kernel:
         fields = {name: getattr(self, name) for name in self.__slots__}
         unknown = set(changes) - set(fields)
         if unknown:
@@ -117,7 +118,7 @@ class KernelTuple(NamedTuple):
     ntk: Any
 
 
-def canonical_get(get) -> tuple[Optional[tuple[str, ...]], bool]:
+def canonical_get(get) -> tuple[tuple[str, ...] | None, bool]:
     """Validate ``get``; return (names or None for all, whether a single array is wanted)."""
     if get is None:
         return None, False
@@ -194,10 +195,10 @@ def _pad_rows(x: np.ndarray, n: int) -> np.ndarray:
 
 def batched_kernel_fn(
     kernel_fn: Callable,
-    batch_size: Optional[int] = None,
+    batch_size: int | None = None,
     *,
     max_memory_bytes: int = 2**30,
-    devices: Optional[Sequence[jax.Device]] = None,
+    devices: Sequence[jax.Device] | None = None,
     progress: bool = False,
 ) -> Callable:
     """Wrap ``kernel_fn`` so that large inputs are evaluated tile by tile.
