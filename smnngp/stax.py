@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -245,7 +245,7 @@ def _map_covs(k: Kernel, fn, ntk_fn=None, **changes) -> Kernel:
 def Dense(
     out_dim: int,
     W_std: float = 1.0,
-    b_std: Optional[float] = None,
+    b_std: float | None = None,
     parameterization: str = "ntk",
 ) -> Layer:
     """Fully connected layer acting on the last (channel) axis.
@@ -280,7 +280,9 @@ def Dense(
     def apply_fn(params, x, **kwargs):
         W, b = params
         if x.shape[-1] != W.shape[0]:
-            raise ValueError(f"{layer}: input has {x.shape[-1]} features but W expects {W.shape[0]} (input shape {x.shape})")
+            raise ValueError(
+                f"{layer}: input has {x.shape[-1]} features but W expects {W.shape[0]} (input shape {x.shape})"
+            )
         out = x @ W.astype(x.dtype)
         if parameterization == "ntk":
             out = out * (W_std / math.sqrt(x.shape[-1]))
@@ -357,22 +359,27 @@ def _diag_window_sum(x, axis_a, axis_b, window, stride, pad, circular, out_size)
 
 def _window_sum(x, axes, window, strides, pads, circular):
     """Box-filter sum over ``axes`` (reduce_window with zero or wrap padding)."""
-    x = _pad_axes(x, axes, pads, circular)
     dims = [1] * x.ndim
     strd = [1] * x.ndim
-    for ax, w, s in zip(axes, window, strides):
+    padding = [(0, 0)] * x.ndim
+    for ax, w, s, p in zip(axes, window, strides, pads):
         dims[ax] = w
         strd[ax] = s
-    return lax.reduce_window(x, jnp.zeros((), x.dtype), lax.add, tuple(dims), tuple(strd), "VALID")
+        padding[ax] = tuple(p)
+    if circular:
+        x = _pad_axes(x, axes, pads, True)
+        padding = [(0, 0)] * x.ndim
+    # Zero padding inside reduce_window: no padded copy of the kernel is written out first.
+    return lax.reduce_window(x, jnp.zeros((), x.dtype), lax.add, tuple(dims), tuple(strd), padding)
 
 
 def Conv(
     out_chan: int,
     filter_shape: Sequence[int],
-    strides: Optional[Sequence[int]] = None,
+    strides: Sequence[int] | None = None,
     padding: str = "VALID",
     W_std: float = 1.0,
-    b_std: Optional[float] = None,
+    b_std: float | None = None,
     parameterization: str = "ntk",
 ) -> Layer:
     """Convolution over 1-D (N, W, C) or 2-D (N, H, W, C) inputs, filters (..., C_in, C_out).
@@ -506,7 +513,7 @@ def Conv(
 
 def AvgPool(
     window_shape: Sequence[int],
-    strides: Optional[Sequence[int]] = None,
+    strides: Sequence[int] | None = None,
     padding: str = "VALID",
     normalize_edges: bool = False,
 ) -> Layer:
@@ -647,7 +654,8 @@ def Flatten() -> Layer:
                 return mat
             if k.full:
                 mat = _spatial_diagonal(mat, batch_ndim)
-            return jnp.mean(mat, axis=tuple(range(batch_ndim, mat.ndim)))
+            flat = mat.reshape(mat.shape[:batch_ndim] + (-1,))
+            return flat @ jnp.full((flat.shape[-1],), 1.0 / flat.shape[-1], flat.dtype)
 
         return _map_covs(k, op, op, shape1=shape_fn(k.shape1), shape2=shape_fn(k.shape2), full=False)
 
@@ -935,7 +943,7 @@ def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
     return _activation(f"Gaussian({a}, {b})", fn, moments)
 
 
-def ElementwiseNumerical(fn: Callable, deg: int, df: Optional[Callable] = None) -> Layer:
+def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> Layer:
     """Any elementwise phi by ``deg``-point Gauss-Hermite quadrature in two dimensions.
 
     (u, v) = (sqrt(2 v1) x, c sqrt(2 / v1) x + sqrt(2 (v2 - c^2 / v1)) y) with

@@ -59,7 +59,8 @@ def test_notebook_runs(path: Path, kernel_dir: Path, tmp_path: Path):
     copy = tmp_path / path.name
     shutil.copyfile(path, copy)
     nb = nbformat.read(copy, as_version=4)
-    km = AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
+    specs = KernelSpecManager(kernel_dirs=[str(kernel_dir)])
+    km = AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
     client = NotebookClient(
         nb,
         km=km,
