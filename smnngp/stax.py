@@ -79,16 +79,18 @@ class Layer(tuple):
     (raises ValueError naming the layer on incompatible shapes); ``kernel_map``
     (Kernel -> Kernel, lists for branches); ``needs_full(out_full) -> bool``,
     whether the layer's input kernel must track all position pairs given
-    whether its output must.
+    whether its output must; ``symmetric``, whether k(x2, x1) is exactly k(x1, x2)
+    with its points swapped (false for quadrature, whose rule is not symmetric).
     """
 
-    def __new__(cls, name, init_fn, apply_fn, shape_fn, kernel_map, needs_full):
-        public_kernel_fn = _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full)
+    def __new__(cls, name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, symmetric=True):
+        public_kernel_fn = _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric)
         self = super().__new__(cls, (init_fn, apply_fn, public_kernel_fn))
         self.name = name
         self.shape_fn = shape_fn
         self.kernel_map = kernel_map
         self.needs_full = needs_full
+        self.symmetric = symmetric
         return self
 
     def __repr__(self) -> str:
@@ -162,7 +164,81 @@ def _input_kernel(x1, x2, full: bool, want_ntk: bool) -> Kernel:
     return Kernel(nngp, ntk, cov1, cov2, x1.shape, xb.shape, full, is_gaussian=False)
 
 
-def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full):
+# With x2=None, a network whose inputs have spatial axes and whose output has none (after
+# Flatten or GlobalAvgPool), and whose input kernel has at least this many entries (N^2 times
+# the spatial positions), is evaluated on T (T + 1) / 2 of T^2 tiles (`_symmetric_kernel_map`):
+# there the work is in the hidden layers and the output that must be assembled is small.
+_SYMMETRIC_MIN_ENTRIES = 2**21
+_SYMMETRIC_TILES = 8
+
+
+def _batch_diagonal(mat):
+    """(N, N, ...) -> (N, ...): the entries k(x_i, x_i)."""
+    return jnp.moveaxis(jnp.diagonal(mat, axis1=0, axis2=1), -1, 0)
+
+
+def _swap_points(tiles, full: bool):
+    """k(a, b) -> k(b, a) for stacked tiles (P, n, n, spatial...), position pairs included."""
+    rest = list(range(3, tiles.ndim))
+    if full:  # (H, H', W, W', ...) -> (H', H, W', W, ...)
+        rest = [ax for i in range(0, len(rest), 2) for ax in (rest[i + 1], rest[i])]
+    return jnp.transpose(tiles, [0, 2, 1] + rest)
+
+
+def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int):
+    """``kernel_map`` of the input kernel of (x, x), computed on T (T + 1) / 2 of the T^2 tiles.
+
+    k(x_j, x_i) is k(x_i, x_j) with its two points swapped, so the tiles below the
+    block diagonal are mirrored from those above: (T + 1) / (2 T) of the work. All
+    tile pairs run as one `vmap`, each with the variances of its two tiles, and
+    every point's variance is read off its own diagonal tile, so that k(x, x) and
+    var(x) are the same floating-point numbers, as on the untiled path.
+    """
+    n_points = x.shape[0]
+    n = -(-n_points // tiles)
+    if tiles * n > n_points:  # pad with copies of the last point; their rows are cut off below
+        x = jnp.concatenate([x, jnp.repeat(x[-1:], tiles * n - n_points, axis=0)])
+    xt = x.reshape((tiles, n) + x.shape[1:])
+    rows, cols = np.triu_indices(tiles)
+    pair = {(int(i), int(j)): p for p, (i, j) in enumerate(zip(rows, cols))}
+    on_diag = np.array([pair[i, i] for i in range(tiles)])
+    nngp = jax.vmap(lambda a, b: _input_kernel(a, b, full, False).nngp)(xt[rows], xt[cols])
+    var = jax.vmap(_batch_diagonal)(nngp[on_diag])
+    shape = (n,) + x.shape[1:]
+    ntk = jnp.zeros((), x.dtype) if want_ntk else None
+
+    def tile_pair(nngp, cov1, cov2):
+        return kernel_map(Kernel(nngp, ntk, cov1, cov2, shape, shape, full, is_gaussian=False))
+
+    out = jax.vmap(tile_pair)(nngp, var[rows], var[cols])
+    # Tile (r, c) of the result is pair (r, c) for r <= c and pair (c, r) swapped below the
+    # diagonal: one gather from [pairs, swapped off-diagonal pairs] reads each entry once.
+    off_diag = np.flatnonzero(rows < cols)
+    swapped = {(int(cols[p]), int(rows[p])): len(rows) + q for q, p in enumerate(off_diag)}
+    source = np.array([[pair[r, c] if r <= c else swapped[r, c] for c in range(tiles)] for r in range(tiles)])
+
+    def mirror(t, full):
+        if t.ndim == 1:  # the same constant for every tile (an NTK that no layer has touched)
+            return t[0]
+        grid = jnp.concatenate([t, _swap_points(t[off_diag], full)])[source]  # (T, T, n, n, spatial...)
+        grid = jnp.moveaxis(grid, 2, 1).reshape((tiles * n, tiles * n) + grid.shape[4:])
+        return grid[:n_points, :n_points]
+
+    def assemble(k: Kernel) -> Kernel:
+        cov1 = k.cov1[on_diag]
+        return k.replace(
+            nngp=mirror(k.nngp, k.full),
+            ntk=None if k.ntk is None else mirror(k.ntk, k.full),
+            cov1=cov1.reshape((tiles * n,) + cov1.shape[2:])[:n_points],
+            cov2=None,
+            shape1=(n_points,) + k.shape1[1:],
+            shape2=(n_points,) + k.shape2[1:],
+        )
+
+    return [assemble(k) for k in out] if isinstance(out, list) else assemble(out)
+
+
+def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric):
     def kernel_fn(x1, x2=None, get=None, **unused):
         if unused:
             raise TypeError(f"kernel_fn of {name}: unexpected keyword arguments {sorted(unused)}")
@@ -184,7 +260,12 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full):
         out_spatial = any(len(s) > 2 for s in out_shapes)
         full = needs_full(out_spatial) and x1.ndim > 2
         want_ntk = names is None or "ntk" in names
-        k = kernel_map(_input_kernel(x1, x2, full, want_ntk))
+        n_points, entries = x1.shape[0], x1.shape[0] ** 2 * math.prod(x1.shape[1:-1]) ** (2 if full else 1)
+        tile = symmetric and x2 is None and x1.ndim > 2 and not out_spatial and n_points >= 4 * _SYMMETRIC_TILES
+        if tile and entries >= _SYMMETRIC_MIN_ENTRIES:
+            k = _symmetric_kernel_map(kernel_map, x1, full, want_ntk, _SYMMETRIC_TILES)
+        else:
+            k = kernel_map(_input_kernel(x1, x2, full, want_ntk))
         if isinstance(k, list):
             return [select(ki, get) for ki in k]
         return select(k, get)
@@ -617,12 +698,21 @@ def GlobalAvgPool() -> Layer:
         return jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
 
     def kernel_map(k: Kernel) -> Kernel:
-        def op(mat, batch_ndim):
-            return jnp.mean(mat, axis=tuple(range(batch_ndim, mat.ndim)))
-
-        return _map_covs(k, op, op, shape1=shape_fn(k.shape1), shape2=shape_fn(k.shape2), full=False)
+        shapes = dict(shape1=shape_fn(k.shape1), shape2=shape_fn(k.shape2))
+        return _map_covs(k, _spatial_mean, _spatial_mean, full=False, **shapes)
 
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True)
+
+
+def _spatial_mean(mat, batch_ndim: int):
+    """Mean over all axes after the batch ones.
+
+    Written as a product with a vector of 1 / count: XLA:CPU fuses that with the
+    elementwise kernel map before it, where a reduction goes to a library kernel
+    that first writes out every broadcast constant of that map as a full array.
+    """
+    flat = mat.reshape(mat.shape[:batch_ndim] + (-1,))
+    return flat @ jnp.full((flat.shape[-1],), 1.0 / flat.shape[-1], flat.dtype)
 
 
 def _spatial_diagonal(mat, batch_ndim: int):
@@ -654,8 +744,7 @@ def Flatten() -> Layer:
                 return mat
             if k.full:
                 mat = _spatial_diagonal(mat, batch_ndim)
-            flat = mat.reshape(mat.shape[:batch_ndim] + (-1,))
-            return flat @ jnp.full((flat.shape[-1],), 1.0 / flat.shape[-1], flat.dtype)
+            return _spatial_mean(mat, batch_ndim)
 
         return _map_covs(k, op, op, shape1=shape_fn(k.shape1), shape2=shape_fn(k.shape2), full=False)
 
@@ -703,7 +792,7 @@ def _pair_variances(k: Kernel):
     return nngp_pair, cov1_pair, cov2_pair
 
 
-def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | None = None) -> Layer:
+def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | None = None, symmetric=True) -> Layer:
     """Elementwise layer from ``moments(c, v1, v2, need_dot) -> (E[phi phi], E[phi' phi'] or None)``.
 
     ``diag(v) = E[phi(u)^2]`` for u ~ N(0, v), when given, is the closed form of
@@ -736,7 +825,7 @@ def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | Non
         ntk = None if k.ntk is None else k.ntk * dot
         return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=False)
 
-    return Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full)
+    return Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full, symmetric)
 
 
 def _safe_sqrt(x):
@@ -861,15 +950,18 @@ def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
     def moments(cov, v1, v2, want_dot):
         b2 = b * b
         prod = (1 + 2 * b2 * v1) * (1 + 2 * b2 * v2)
-        root = _safe_sqrt(prod - 4 * (b2 * cov) ** 2)
-        val = a * a * (2 / math.pi) * _atan2(2 * b2 * cov, root, x_nonnegative=True) + shift * shift
-        dot = a * a * b2 * (4 / math.pi) / root if want_dot else None
+        det = jnp.maximum(prod - 4 * (b2 * cov) ** 2, 0.0)
+        val = a * a * (2 / math.pi) * _atan2(2 * b2 * cov, jnp.sqrt(det), x_nonnegative=True) + shift * shift
+        # rsqrt(det) rather than 1 / sqrt(det): a square root with two consumers would be its own
+        # XLA fusion (and array), while each of these fuses into its single consumer.
+        dot = a * a * b2 * (4 / math.pi) * lax.rsqrt(det) if want_dot else None
         return val, dot
 
     def diag(v):
-        # (1 + 2 b^2 v)^2 - 4 b^4 v^2 = 1 + 4 b^2 v.
+        # (1 + 2 b^2 v)^2 - 4 b^4 v^2 = 1 + 4 b^2 v. One value per point: the library atan2 is fast
+        # enough here, and cheaper to compile than `_atan2`.
         b2v = b * b * v
-        return a * a * (2 / math.pi) * _atan2(2 * b2v, jnp.sqrt(1 + 4 * b2v), x_nonnegative=True) + shift * shift
+        return a * a * (2 / math.pi) * jnp.arctan2(2 * b2v, jnp.sqrt(1 + 4 * b2v)) + shift * shift
 
     return _activation(f"Erf({a}, {b}, {shift})", fn, moments, diag)
 
@@ -983,7 +1075,7 @@ def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> 
         return val, dot
 
     name = getattr(fn, "__name__", "fn")
-    return _activation(f"ElementwiseNumerical({name}, deg={deg})", fn, moments)
+    return _activation(f"ElementwiseNumerical({name}, deg={deg})", fn, moments, symmetric=False)
 
 
 # ---------------------------------------------------------------------------
@@ -1029,7 +1121,7 @@ def serial(*layers) -> Layer:
             full = l.needs_full(full)
         return full
 
-    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full)
+    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, all(l.symmetric for l in layers))
 
 
 def _check_branches(obj, n: int, layer: str):
@@ -1073,7 +1165,7 @@ def parallel(*layers) -> Layer:
     def needs_full(full):
         return any(l.needs_full(full) for l in layers)
 
-    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full)
+    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, all(l.symmetric for l in layers))
 
 
 def FanOut(num: int) -> Layer:
