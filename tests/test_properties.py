@@ -166,3 +166,21 @@ def test_sharded_equals_unsharded_on_four_host_devices():
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "SHARDED-OK 4" in res.stdout
+
+
+def test_large_symmetric_spatial_kernels_use_mirrored_tiles_correctly():
+    # x2=None on a large spatial kernel evaluates only the upper tiles and mirrors the rest;
+    # compare with the x2=x path (no tiling). 203 points also exercise the padding of the last tile.
+    cases = [
+        (stax.serial(stax.Conv(8, (3, 3), padding="SAME", W_std=1.4, b_std=0.1), stax.Relu(),
+                     stax.Conv(8, (3, 3), padding="SAME"), stax.Erf(), stax.Flatten(), stax.Dense(1)), (203, 8, 8, 1)),
+        (stax.serial(stax.Conv(8, (3, 3), padding="SAME", W_std=1.4, b_std=0.1), stax.Relu(),
+                     stax.AvgPool((2, 2)), stax.GlobalAvgPool(), stax.Dense(1)), (37, 8, 8, 2)),
+    ]
+    for layer, shape in cases:
+        x = jnp.asarray(np.random.RandomState(0).normal(size=shape))
+        sym = layer[2](x, None, ("nngp", "ntk"))
+        ref = layer[2](x, x, ("nngp", "ntk"))
+        np.testing.assert_allclose(sym.nngp, ref.nngp, rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(sym.ntk, ref.ntk, rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(sym.nngp, np.asarray(sym.nngp).T, rtol=1e-13, atol=1e-15)
