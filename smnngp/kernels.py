@@ -29,6 +29,7 @@ local devices with `jax.sharding`, and assembles the result in host memory;
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -136,16 +137,26 @@ def canonical_get(get) -> tuple[tuple[str, ...] | None, bool]:
     return names, single
 
 
+@functools.cache
+def _tuple_type(names: tuple[str, ...]):
+    """One named-tuple class per field order (KernelTuple for the usual one)."""
+    if names == ("nngp", "ntk"):
+        return KernelTuple
+    return NamedTuple("Kernels", [(n, Any) for n in names])
+
+
+def pack(names: tuple[str, ...], single: bool, values) -> Any:
+    """Return ``values`` (one per name) in the structure ``get`` asked for."""
+    values = tuple(values)
+    return values[0] if single else _tuple_type(names)(*values)
+
+
 def select(k: Kernel, get) -> Any:
     """Return what ``get`` asks for from a finished kernel."""
     names, single = canonical_get(get)
     if names is None:
         return k
-    if single:
-        return getattr(k, names[0])
-    if names == ("nngp", "ntk"):
-        return KernelTuple(k.nngp, k.ntk)
-    return NamedTuple("Kernels", [(n, Any) for n in names])(*(getattr(k, n) for n in names))
+    return pack(names, single, (getattr(k, n) for n in names))
 
 
 # ---------------------------------------------------------------------------
@@ -286,12 +297,7 @@ def batched_kernel_fn(
                     outs[r_idx][i * b1 : (i + 1) * b1, j * b2 : (j + 1) * b2] = blk
                     if symmetric and i != j:
                         outs[r_idx][j * b2 : (j + 1) * b2, i * b1 : (i + 1) * b1] = _swap_pair(blk)
-        outs = [o[:n1, :n2] for o in outs]
-        if single:
-            return outs[0]
-        if names == ("nngp", "ntk"):
-            return KernelTuple(*outs)
-        return NamedTuple("Kernels", [(n, Any) for n in names])(*outs)
+        return pack(names, single, (o[:n1, :n2] for o in outs))
 
     return fn
 
@@ -324,15 +330,17 @@ def diagonal(kernel_fn: Callable, x, get=("nngp", "ntk"), batch_size: int = 1024
     if x.ndim < 2:
         raise ValueError(f"diagonal: x must be (batch, features...), got shape {x.shape}")
 
+    fn = _diagonal_fn(kernel_fn, names)
+    chunks = [fn(x[s : s + batch_size]) for s in range(0, x.shape[0], batch_size)]
+    return pack(names, single, (jnp.concatenate([c[i] for c in chunks]) for i in range(len(names))))
+
+
+@functools.lru_cache(maxsize=64)
+def _diagonal_fn(kernel_fn: Callable, names: tuple[str, ...]):
+    """Jitted per-point kernel, cached so repeated `diagonal` calls do not retrace."""
+
     def one(point):
         out = kernel_fn(point[None], None, get=names)
         return tuple(getattr(out, n)[0, 0] for n in names)
 
-    fn = jax.jit(jax.vmap(one))
-    chunks = [fn(x[s : s + batch_size]) for s in range(0, x.shape[0], batch_size)]
-    outs = [jnp.concatenate([c[i] for c in chunks]) for i in range(len(names))]
-    if single:
-        return outs[0]
-    if names == ("nngp", "ntk"):
-        return KernelTuple(*outs)
-    return NamedTuple("Kernels", [(n, Any) for n in names])(*outs)
+    return jax.jit(jax.vmap(one))

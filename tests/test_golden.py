@@ -57,3 +57,17 @@ def test_get_variants_agree():
     assert rel_err(kfn(x1, x2, "nngp"), gold["nngp"]) < 1e-12
     assert rel_err(kfn(x1, x2, "ntk"), gold["ntk"]) < 1e-12
     assert rel_err(kfn(x1, x2, ("ntk",)).ntk, gold["ntk"]) < 1e-12
+
+
+def test_get_order_is_respected_everywhere():
+    from smnngp.kernels import batched_kernel_fn, diagonal
+
+    layer, _ = CASES["mlp_erf_ntk"]
+    gold = np.load(os.path.join(HERE, "mlp_erf_ntk.npz"))
+    x1 = jnp.asarray(gold["x1"])
+    k = layer[2](x1, jnp.asarray(gold["x2"]), ("ntk", "nngp"))
+    assert k._fields == ("ntk", "nngp") and rel_err(k.ntk, gold["ntk"]) < 1e-12
+    tiled = batched_kernel_fn(layer[2], batch_size=3)(gold["x1"], gold["x2"], ("ntk", "nngp"))
+    assert tiled._fields == ("ntk", "nngp") and rel_err(tiled.nngp, gold["nngp"]) < 1e-12
+    d = diagonal(layer[2], x1, ("ntk", "nngp"))
+    assert d._fields == ("ntk", "nngp") and d.nngp.shape == (x1.shape[0],)

@@ -71,14 +71,20 @@ def _check_psd(mat, what):
     assert eig.min() >= -1e-10 * max(np.trace(mat), 1e-300), f"{what}: min eigenvalue {eig.min()}"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(arch=dense_archs(), seed=st.integers(0, 2**16))
-def test_dense_kernels_symmetric_psd_and_consistent(arch, seed):
+def _psd_kernels(arch, seed):
+    """Kernels of random inputs for a drawn architecture, checked symmetric and PSD."""
     layer, shape = arch
     x = np.random.RandomState(seed).normal(size=shape)
     k = layer[2](jnp.asarray(x), None, ("nngp", "ntk"))
     _check_psd(k.nngp, "nngp")
     _check_psd(k.ntk, "ntk")
+    return layer, x, k
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arch=dense_archs(), seed=st.integers(0, 2**16))
+def test_dense_kernels_symmetric_psd_and_consistent(arch, seed):
+    layer, x, k = _psd_kernels(arch, seed)
     # k(x, x) with x2 given equals the x2=None path. The ReLU-family kernels have a
     # square-root singularity at correlation 1, so a last-bit difference in the input
     # moments (two einsums) may move coincident-point entries by ~sqrt(eps) ~ 1e-8.
@@ -93,11 +99,7 @@ def test_dense_kernels_symmetric_psd_and_consistent(arch, seed):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=conv_archs(), seed=st.integers(0, 2**16))
 def test_conv_kernels_symmetric_psd(arch, seed):
-    layer, shape = arch
-    x = np.random.RandomState(seed).normal(size=shape)
-    k = layer[2](jnp.asarray(x), None, ("nngp", "ntk"))
-    _check_psd(k.nngp, "nngp")
-    _check_psd(k.ntk, "ntk")
+    _psd_kernels(arch, seed)
 
 
 @settings(max_examples=10, deadline=None)
