@@ -274,7 +274,15 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric):
     return kernel_fn
 
 
+def _std_value(value):
+    """A layer scale as a Python float, or unchanged when it is traced (hyperparameter fitting under grad/jit)."""
+    return value if isinstance(value, jax.core.Tracer) else float(value)
+
+
 def _check_std(value, name: str, layer: str, allow_none: bool):
+    """Validate a concrete scale; traced scales (gradients w.r.t. W_std, b_std) are checked by their caller."""
+    if isinstance(value, jax.core.Tracer):
+        return
     if value is None:
         if allow_none:
             return
@@ -340,8 +348,9 @@ def Dense(
     _check_std(W_std, "W_std", layer, allow_none=False)
     _check_std(b_std, "b_std", layer, allow_none=True)
     _check_parameterization(parameterization, layer)
-    W_std = float(W_std)
-    b_var = None if b_std is None else float(b_std) ** 2
+    W_std = _std_value(W_std)
+    b_std = None if b_std is None else _std_value(b_std)
+    b_var = None if b_std is None else b_std**2
 
     def shape_fn(shape):
         shape = _single_shape(shape, layer)
@@ -355,7 +364,7 @@ def Dense(
         b = None if b_std is None else jax.random.normal(kb, (out_dim,))
         if parameterization == "standard":
             W = W * (W_std / math.sqrt(fan_in))
-            b = None if b is None else b * float(b_std)
+            b = None if b is None else b * b_std
         return out_shape, (W, b)
 
     def apply_fn(params, x, **kwargs):
@@ -368,7 +377,7 @@ def Dense(
         if parameterization == "ntk":
             out = out * (W_std / math.sqrt(x.shape[-1]))
             if b is not None:
-                out = out + float(b_std) * b.astype(x.dtype)
+                out = out + b_std * b.astype(x.dtype)
         elif b is not None:
             out = out + b.astype(x.dtype)
         return out
@@ -486,8 +495,9 @@ def Conv(
     _check_std(W_std, "W_std", layer, allow_none=False)
     _check_std(b_std, "b_std", layer, allow_none=True)
     _check_parameterization(parameterization, layer)
-    W_std = float(W_std)
-    b_var = None if b_std is None else float(b_std) ** 2
+    W_std = _std_value(W_std)
+    b_std = None if b_std is None else _std_value(b_std)
+    b_var = None if b_std is None else b_std**2
     filter_size = math.prod(filter_shape)
     circular = padding == "CIRCULAR"
     dn = ("NWC", "WIO", "NWC") if nd == 1 else ("NHWC", "HWIO", "NHWC")
@@ -512,7 +522,7 @@ def Conv(
         b = None if b_std is None else jax.random.normal(kb, (out_chan,))
         if parameterization == "standard":
             W = W * (W_std / math.sqrt(c_in * filter_size))
-            b = None if b is None else b * float(b_std)
+            b = None if b is None else b * b_std
         return out_shape, (W, b)
 
     def apply_fn(params, x, **kwargs):
@@ -531,7 +541,7 @@ def Conv(
         if parameterization == "ntk":
             out = out * (W_std / math.sqrt(x.shape[-1] * filter_size))
             if b is not None:
-                out = out + float(b_std) * b.astype(x.dtype)
+                out = out + b_std * b.astype(x.dtype)
         elif b is not None:
             out = out + b.astype(x.dtype)
         return out
