@@ -150,7 +150,8 @@ def unscaled_log_weights(lam, ytilde_sq, noise, beta):
     ysq = ytilde_sq.sum(-1) if ytilde_sq.ndim == 2 else ytilde_sq
     d = beta[:, None] * lam[None, :] + noise
     n = lam.shape[0]
-    return -0.5 * jnp.sum(ysq[None, :] / d, axis=1) - 0.5 * n_out * jnp.sum(jnp.log(d), axis=1) - 0.5 * n * n_out * _LOG_2PI
+    quad = jnp.sum(ysq[None, :] / d, axis=1)
+    return -0.5 * quad - 0.5 * n_out * jnp.sum(jnp.log(d), axis=1) - 0.5 * n * n_out * _LOG_2PI
 
 
 def log_marginal_likelihood(k_train, y_train, prior=None, *, noise=0.0, noise_model="scaled", num_samples=10_000,
@@ -245,7 +246,8 @@ def interval(predictive, level: float = 0.95):
     lo_q, hi_q = (1 - level) / 2, (1 + level) / 2
     if isinstance(predictive, dist.StudentT):
         return _student_t_icdf(predictive, lo_q), _student_t_icdf(predictive, hi_q)
-    return predictive.icdf(jnp.full(predictive.batch_shape, lo_q)), predictive.icdf(jnp.full(predictive.batch_shape, hi_q))
+    shape = predictive.batch_shape
+    return predictive.icdf(jnp.full(shape, lo_q)), predictive.icdf(jnp.full(shape, hi_q))
 
 
 # --------------------------------------------------------------------------------------------
