@@ -8,4 +8,6 @@ Each experiment module exposes ``DESCRIPTION`` (one line), ``add_arguments(parse
 
 EXPERIMENTS = {
     "quickstart": "experiments.quickstart",
+    "theory": "experiments.theory",
+    "uci-regression": "experiments.uci_regression",
 }

@@ -382,7 +382,7 @@ class Posterior:
         P = kxt @ U  # (L, N), once
         beta = st["beta"]
         d = beta[:, None] * lam[None, :] + self.noise  # (S, N)
-        mean = beta[:, None, None] * jnp.einsum("ln,sn,nc->slc", P, 1.0 / d, yt)
+        mean = beta[:, None, None] * jnp.einsum("ln,snc->slc", P, yt[None] / d[:, :, None])  # a matmul, no (S,L,N)
         var = beta[:, None] * kxx[None, :] - beta[:, None] ** 2 * ((P**2) @ (1.0 / d).T).T
         var = jnp.clip(var, 0.0, None) + (self.noise if noisy else 0.0)
         scale = jnp.sqrt(var)[:, :, None] * jnp.ones_like(mean)

@@ -109,6 +109,28 @@ def inverse_gamma_params(prior):
     return prior.base_dist.concentration, prior.base_dist.rate
 
 
+def _positive_preserving(prior) -> bool:
+    """A positive base law pushed through positive scalings / powers (e.g. ``s * BurrXII``) stays positive.
+
+    numpyro reports such supports as the real line, so they are recognised here.
+    """
+    if not isinstance(prior, dist.TransformedDistribution):
+        return False
+    base = prior.base_dist.support
+    if not (isinstance(base, constraints._GreaterThan) and not isinstance(base.lower_bound, jax.core.Tracer)
+            and float(jnp.asarray(base.lower_bound)) >= 0):
+        return False
+    for t in prior.transforms:
+        if isinstance(t, dist.transforms.AffineTransform):
+            if isinstance(t.scale, jax.core.Tracer) or isinstance(t.loc, jax.core.Tracer):
+                continue
+            if not (float(jnp.asarray(t.loc)) >= 0 and float(jnp.asarray(t.scale)) > 0):
+                return False
+        elif not isinstance(t, dist.transforms.PowerTransform):
+            return False
+    return True
+
+
 def as_prior(prior) -> dist.Distribution:
     """Validate a scale prior: a scalar numpyro distribution supported on the positive reals.
 
@@ -134,8 +156,10 @@ def as_prior(prior) -> dist.Distribution:
             raise ValueError(f"Delta prior must sit at a positive variance, got {float(v)}")
         return prior
     support = prior.support
-    ok = False
-    if isinstance(support, (constraints._GreaterThan, constraints._GreaterThanEq)):
+    ok = _positive_preserving(prior)
+    if ok:
+        pass
+    elif isinstance(support, (constraints._GreaterThan, constraints._GreaterThanEq)):
         lb = support.lower_bound
         ok = isinstance(lb, jax.core.Tracer) or float(jnp.asarray(lb)) >= 0.0
     elif isinstance(support, constraints._Interval):

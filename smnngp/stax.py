@@ -921,7 +921,10 @@ def ABRelu(a: float, b: float) -> Layer:
         lo, hi = root - c, root + c
         lo = jnp.where(lo <= tol, 0.0, lo)
         hi = jnp.where(hi <= tol, 0.0, hi)
-        sin_part = jnp.sqrt(lo * hi)
+        prod = lo * hi
+        # Double where: sqrt's derivative at 0 is infinite, and inf * 0 would poison
+        # hyperparameter gradients at coincident points; values are unchanged.
+        sin_part = jnp.where(prod > 0, jnp.sqrt(jnp.where(prod > 0, prod, 1.0)), 0.0)
         theta = _atan2(sin_part, c)
         slope = (a - b) ** 2 / (2 * math.pi)
         dot = (a * a + b * b) / 2 - slope * theta
