@@ -8,6 +8,7 @@ Each experiment module exposes ``DESCRIPTION`` (one line), ``add_arguments(parse
 
 EXPERIMENTS = {
     "quickstart": "experiments.quickstart",
+    "convergence": "experiments.convergence",
     "theory": "experiments.theory",
     "uci-regression": "experiments.uci_regression",
 }

@@ -52,6 +52,7 @@ __all__ = [
     "fit_from_kernels",
     "Posterior",
     "GaussianMixture",
+    "interval",
     "log_marginal_likelihood",
     "as_kernel_callable",
     "SmallESSWarning",
@@ -90,7 +91,8 @@ def as_kernel_callable(kernel) -> Callable:
 
 
 def _check_finite(a, name):
-    if not bool(jnp.all(jnp.isfinite(a))):
+    # on the host: the value is needed there anyway, and it spares one XLA compilation per new shape
+    if not np.isfinite(np.asarray(a)).all():
         raise ValueError(f"{name} contains NaN or infinite values")
 
 
@@ -227,10 +229,20 @@ class GaussianMixture(dist.Distribution):
 
     def sample(self, key, sample_shape=()):
         k1, k2 = jax.random.split(key)
-        idx = jax.random.categorical(k1, self.log_weights, shape=sample_shape)
+        idx = _weighted_indices(k1, self.log_weights, sample_shape)
         loc = jnp.broadcast_to(self.loc, (self.log_weights.shape[0],) + self.batch_shape)[idx]
         scale = jnp.broadcast_to(self.scale, (self.log_weights.shape[0],) + self.batch_shape)[idx]
         return loc + scale * jax.random.normal(k2, sample_shape + self.batch_shape, dtype=loc.dtype)
+
+
+def _weighted_indices(key, log_w, shape):
+    """Indices drawn with probabilities ``exp(log_w)`` by inverse CDF: O(S + draws) memory.
+
+    (``jax.random.categorical`` with a shape builds a draws x S array of Gumbel noise.)
+    """
+    cdf = jnp.cumsum(jnp.exp(log_w - logsumexp(log_w)))
+    u = jax.random.uniform(key, shape, dtype=cdf.dtype) * cdf[-1]
+    return jnp.minimum(jnp.searchsorted(cdf, u, side="right"), log_w.shape[0] - 1)
 
 
 def _student_t_icdf(d: dist.StudentT, q):
@@ -420,7 +432,7 @@ class Posterior:
         elif self.kind == "student_t":
             beta = priors.InverseGamma(st["a_post"], st["b_post"]).sample(k_beta, (num_samples,))
         else:
-            idx = jax.random.categorical(k_beta, st["log_w"], shape=(num_samples,))
+            idx = _weighted_indices(k_beta, st["log_w"], (num_samples,))
             beta = st["beta"][idx]
         z_shape = (num_samples, L, self.n_out)
         if self.noise_model == "scaled":
@@ -506,9 +518,9 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
     if noise_model == "scaled" or is_delta and noise == 0.0:
         C = k_train + noise * jnp.eye(n, dtype=k_train.dtype) if noise > 0 else k_train
         chol = linalg.cholesky(C, name="training kernel + noise")
-        if chol.jitter > 1e-8 * float(jnp.mean(jnp.diag(C))):
-            warnings.warn(f"the training kernel needed jitter {chol.jitter:.3g} to factorise; consider noise > 0",
-                          stacklevel=2)
+        if chol.jitter > 0:
+            warnings.warn(f"the training kernel needed jitter {chol.jitter:.3g} to factorise (singular, e.g. repeated "
+                          "inputs); consider noise > 0", stacklevel=2)
         alpha = linalg.cho_solve(chol.L, Y)
         q = jnp.sum(Y * alpha)
         ld = linalg.logdet(chol.L)

@@ -29,8 +29,8 @@ def test_unknown_experiment_is_an_error():
     assert res.returncode != 0 and "invalid choice" in res.stderr
 
 
-def test_quickstart_quick_writes_results(tmp_path):
-    res = _run("quickstart", "--quick", "--out", str(tmp_path), "--seed", "3")
+def test_convergence_quick_writes_results(tmp_path):
+    res = _run("convergence", "--quick", "--out", str(tmp_path), "--seed", "3")
     assert res.returncode == 0, res.stderr[-3000:]
     payload = json.loads((tmp_path / "results.json").read_text())
     assert payload["seed"] == 3 and payload["config"]["quick"] is True
@@ -43,8 +43,8 @@ def test_quickstart_quick_writes_results(tmp_path):
     ntk_widths = sorted(int(w) for w in ntk)
     assert ntk[str(ntk_widths[-1])]["mean_rel_frobenius"] < ntk[str(ntk_widths[0])]["mean_rel_frobenius"]
     assert per_width[str(widths[-1])]["max_abs_z"] < 4.0
-    assert (tmp_path / "results.md").read_text().startswith("# quickstart")
-    assert (tmp_path / "quickstart_histograms.png").stat().st_size > 1000
+    assert (tmp_path / "results.md").read_text().startswith("# convergence")
+    assert (tmp_path / "convergence_histograms.png").stat().st_size > 1000
 
 
 def test_readme_kernels_example_runs():
