@@ -14,6 +14,7 @@ never inspects values.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -54,12 +55,29 @@ def check_square(A, name: str = "matrix") -> jax.Array:
     return A
 
 
-def _chol(A, jitter):
+def _shifted(A, shift):
+    return A + shift * jnp.eye(A.shape[0], dtype=A.dtype)
+
+
+def _chol(A, shift, jitter):
     n = A.shape[0]
-    return jnp.linalg.cholesky(A + jitter * jnp.eye(n, dtype=A.dtype))
+    L = jnp.linalg.cholesky(_shifted(A, shift) + jitter * jnp.eye(n, dtype=A.dtype))
+    return L, jnp.all(jnp.isfinite(L))
 
 
 _chol_jit = jax.jit(_chol)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _input_stats(A, shift, check_symmetric: bool):
+    """For ``A + shift I`` (not materialised): all entries finite, max |A|, max |A - A^T| (when asked) and
+    mean diagonal, in one compiled pass."""
+    A = _shifted(A, shift)
+    finite = jnp.all(jnp.isfinite(A))
+    mean_diag = jnp.mean(jnp.diag(A))
+    if not check_symmetric:
+        return finite, None, None, mean_diag
+    return finite, jnp.max(jnp.abs(A)), jnp.max(jnp.abs(A - A.T)), mean_diag
 
 
 def cholesky(
@@ -78,29 +96,37 @@ def cholesky(
     :class:`NotPositiveDefiniteError` naming the matrix and the smallest
     eigenvalue.
     """
+    return _shifted_cholesky(A, 0.0, name=name, max_relative_jitter=max_relative_jitter,
+                             check_symmetric=check_symmetric)
+
+
+def _shifted_cholesky(A, shift: float, *, name: str = "kernel matrix", max_relative_jitter: float = 1e-2,
+                      check_symmetric: bool = True) -> Cholesky:
+    """:func:`cholesky` of ``A + shift I``, without materialising that sum (an extra N^2 pass and copy)."""
     A = check_square(A, name)
     if not jnp.issubdtype(A.dtype, jnp.floating):
         A = A.astype(jnp.result_type(float))
-    if not bool(jnp.all(jnp.isfinite(A))):
+    shift = jnp.asarray(shift, A.dtype)
+    finite, scale, asym, mean_diag = _input_stats(A, shift, bool(check_symmetric))
+    if not bool(finite):
         raise ValueError(f"{name} contains NaN or infinite entries")
     if check_symmetric:
-        scale = float(jnp.max(jnp.abs(A)))
-        asym = float(jnp.max(jnp.abs(A - A.T)))
+        scale, asym = float(scale), float(asym)
         tol = 1e3 * float(jnp.finfo(A.dtype).eps) * max(scale, 1e-300)
         if asym > tol:
             raise ValueError(f"{name} is not symmetric (max |A - A^T| = {asym:.3g}, scale {scale:.3g})")
-    mean_diag = float(jnp.mean(jnp.diag(A)))
+    mean_diag = float(mean_diag)
     if not mean_diag > 0:
         raise NotPositiveDefiniteError(f"{name} has non-positive mean diagonal {mean_diag:.3g}")
     eps = float(jnp.finfo(A.dtype).eps)
     jitter = 0.0
     while True:
-        L = _chol_jit(A, jnp.asarray(jitter, A.dtype))
-        if bool(jnp.all(jnp.isfinite(L))):
+        L, finite = _chol_jit(A, shift, jnp.asarray(jitter, A.dtype))
+        if bool(finite):
             return Cholesky(L, jitter)
         jitter = (10 * eps * mean_diag) if jitter == 0.0 else jitter * 10
         if jitter > max_relative_jitter * mean_diag:
-            lam_min = float(jnp.linalg.eigvalsh(A)[0])
+            lam_min = float(jnp.linalg.eigvalsh(_shifted(A, shift))[0])
             raise NotPositiveDefiniteError(
                 f"{name} ({A.shape[0]}x{A.shape[0]}, {A.dtype}) is not positive definite: smallest eigenvalue "
                 f"{lam_min:.3g}; jitter up to {max_relative_jitter:g} x mean diagonal ({mean_diag:.3g}) did not help"

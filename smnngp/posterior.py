@@ -32,6 +32,7 @@ independently, as the paper's code did, is a different distribution).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import warnings
@@ -45,6 +46,7 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import gammaln, logsumexp, ndtr, ndtri
 
+from smnngp import kernels as _kernels
 from smnngp import linalg, priors
 
 __all__ = [
@@ -86,8 +88,75 @@ def as_kernel_callable(kernel) -> Callable:
     except (TypeError, ValueError):
         has_get = False
     if has_get:
-        return lambda x1, x2: kernel(x1, x2, "nngp")
+        return _nngp_of(kernel)
     return kernel
+
+
+class _NNGPOfKernelFn:
+    """``k(x1, x2) = kernel_fn(x1, x2, 'nngp')`` (one per ``kernel_fn``, see :func:`_nngp_of`)."""
+
+    def __init__(self, kernel_fn):
+        self.kernel_fn = kernel_fn
+
+    def __call__(self, x1, x2=None):
+        return self.kernel_fn(x1, x2, "nngp")
+
+
+def _cached_per_object(make):
+    """``make(obj)`` cached on ``obj`` (kept alive by the cache); uncached for unhashable objects."""
+    cached = functools.lru_cache(maxsize=64)(make)
+
+    def get(obj):
+        try:
+            hash(obj)
+        except TypeError:
+            return make(obj)
+        return cached(obj)
+
+    return get
+
+
+# One wrapper per kernel_fn, so that the jitted evaluators below (cached on the wrapper) are reused by
+# every fit with the same kernel_fn instead of being retraced and recompiled.
+_nngp_of = _cached_per_object(_NNGPOfKernelFn)
+
+# What tracing a kernel that is not traceable (numpy inside, value-dependent Python) raises.
+_NOT_TRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                  jax.errors.TracerIntegerConversionError, jax.errors.UnexpectedTracerError)
+
+
+class _KernelEvaluator:
+    """Jitted ``k(x1, x2)`` and diagonal ``k(x_i, x_i)`` of a kernel callable.
+
+    Evaluating a stax ``kernel_fn`` op by op is tens of times slower than its
+    compiled, fused form at N = 4,000.  A kernel that cannot be traced is
+    called as given (eagerly) from its first failure on.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.traceable = True
+        self._jitted = jax.jit(lambda x1, x2: kernel(x1, x2))
+        self._diag = jax.jit(jax.vmap(lambda xi: kernel(xi[None], xi[None])[0, 0]))
+
+    def __call__(self, x1, x2):
+        if self.traceable:
+            try:
+                return self._jitted(x1, x2)
+            except _NOT_TRACEABLE:
+                self.traceable = False
+        return self.kernel(x1, x2)
+
+    def diag(self, x):
+        """k(x_i, x_i) in O(N) (the stax kernel's own `smnngp.kernels.diagonal` when it has one)."""
+        if isinstance(self.kernel, _NNGPOfKernelFn):
+            return _kernels.diagonal(self.kernel.kernel_fn, x, get="nngp")
+        if self.traceable:
+            return self._diag(x)
+        return _kernel_diag(self.kernel, x)
+
+
+_evaluator = _cached_per_object(_KernelEvaluator)
 
 
 def _check_finite(a, name):
@@ -190,22 +259,18 @@ class GaussianMixture(dist.Distribution):
     def _lw(self):
         return self.log_weights.reshape((-1,) + (1,) * len(self.batch_shape))
 
+    # The (S, L) component arrays are reduced by compiled, fused functions (below the class), which read them
+    # once instead of materialising every intermediate: at 10^4-10^5 components that is most of the cost.
     def log_prob(self, value):
-        z = (value - self.loc) / self.scale
-        comp = -0.5 * z**2 - jnp.log(self.scale) - 0.5 * _LOG_2PI
-        return logsumexp(self._lw() + comp, axis=0)
+        return _mixture_log_prob(self._lw(), self.loc, self.scale, value)
 
     @property
     def mean(self):
-        w = jnp.exp(self._lw())
-        return jnp.sum(w * jnp.broadcast_to(self.loc, (w.shape[0],) + self.batch_shape), axis=0)
+        return _mixture_mean(self._lw(), self.loc, self.batch_shape)
 
     @property
     def variance(self):
-        w = jnp.exp(self._lw())
-        loc = jnp.broadcast_to(self.loc, (w.shape[0],) + self.batch_shape)
-        m = jnp.sum(w * loc, axis=0)
-        return jnp.sum(w * (self.scale**2 + loc**2), axis=0) - m**2
+        return _mixture_variance(self._lw(), self.loc, self.scale, self.batch_shape)
 
     def cdf(self, value):
         w = jnp.exp(self._lw())
@@ -233,6 +298,27 @@ class GaussianMixture(dist.Distribution):
         loc = jnp.broadcast_to(self.loc, (self.log_weights.shape[0],) + self.batch_shape)[idx]
         scale = jnp.broadcast_to(self.scale, (self.log_weights.shape[0],) + self.batch_shape)[idx]
         return loc + scale * jax.random.normal(k2, sample_shape + self.batch_shape, dtype=loc.dtype)
+
+
+@jax.jit
+def _mixture_log_prob(lw, loc, scale, value):
+    z = (value - loc) / scale
+    comp = -0.5 * z**2 - jnp.log(scale) - 0.5 * _LOG_2PI
+    return logsumexp(lw + comp, axis=0)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _mixture_mean(lw, loc, batch_shape):
+    w = jnp.exp(lw)
+    return jnp.sum(w * jnp.broadcast_to(loc, (w.shape[0],) + batch_shape), axis=0)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _mixture_variance(lw, loc, scale, batch_shape):
+    w = jnp.exp(lw)
+    loc = jnp.broadcast_to(loc, (w.shape[0],) + batch_shape)
+    m = jnp.sum(w * loc, axis=0)
+    return jnp.sum(w * (scale**2 + loc**2), axis=0) - m**2
 
 
 def _weighted_indices(key, log_w, shape):
@@ -330,11 +416,12 @@ class Posterior:
                     f"x_test has per-point shape {x_test.shape[1:]} but x_train has {jnp.shape(self.x_train)[1:]}"
                 )
             _check_finite(x_test, "x_test")
-            k_test_train = self.kernel(x_test, self.x_train)
+            kernel = _evaluator(self.kernel)
+            k_test_train = kernel(x_test, self.x_train)
             if full_cov:
-                k_test_test = self.kernel(x_test, None)
+                k_test_test = kernel(x_test, None)
             else:
-                k_test_test = _kernel_diag(self.kernel, x_test)
+                k_test_test = kernel.diag(x_test)
         else:
             k_test_train = jnp.asarray(k_test_train)
             if k_test_train.ndim != 2 or k_test_train.shape[1] != self.n_train:
@@ -365,6 +452,45 @@ class Posterior:
             cov = jnp.clip(kxx - jnp.sum(v * v, axis=0), 0.0, None)
         return mean, cov
 
+    def _marginal_pieces(self, x_test, k_test_train, k_test_test):
+        """Noise-free predictive pieces at the test points: (mean, variance).
+
+        Scaled noise: the Gaussian conditional's mean (L, C) and variance S*
+        (L,).  Unscaled noise: per retained sample, mean (S, L, C) and variance
+        (S, L).  The pieces for the most recent ``x_test`` are kept, so that
+        ``predict(x)`` followed by ``log_predictive_density(y, x)`` evaluates
+        the test kernels and solves the (L, N) triangular system once.
+        """
+        cache_key = None
+        if k_test_train is None and x_test is not None and self.kernel is not None:
+            x = jnp.asarray(x_test)
+            cache_key = (self.kernel, self.x_train, self._state, self.noise, self.noise_model)
+            hit = self.__dict__.get("_pieces_cache")
+            if (hit is not None and all(a is b for a, b in zip(hit[0], cache_key)) and hit[1].shape == x.shape
+                    and hit[1].dtype == x.dtype and bool(jnp.array_equal(hit[1], x))):
+                return hit[2]
+        kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
+        st = self._state
+        if self.noise_model == "scaled":
+            pieces = self._latent(kxt, kxx, False)
+        else:
+            lam, U, yt = st["lam"], st["U"], st["ytilde"]
+            P = kxt @ U  # (L, N), once
+            beta = st["beta"]
+            d = beta[:, None] * lam[None, :] + self.noise  # (S, N)
+            mean = beta[:, None, None] * jnp.einsum("ln,snc->slc", P, yt[None] / d[:, :, None])  # a matmul, no (S,L,N)
+            var = beta[:, None] * kxx[None, :] - beta[:, None] ** 2 * ((P**2) @ (1.0 / d).T).T
+            pieces = mean, jnp.clip(var, 0.0, None)
+        if cache_key is not None:
+            self.__dict__["_pieces_cache"] = (cache_key, x, pieces)
+        return pieces
+
+    def __getstate__(self):
+        # the cache of _marginal_pieces is derived data: it is neither copied nor pickled
+        state = dict(self.__dict__)
+        state.pop("_pieces_cache", None)
+        return state
+
     def predict(self, x_test=None, *, k_test_train=None, k_test_test=None, noisy: bool = True):
         """Marginal predictive distribution at each test point (and output).
 
@@ -375,11 +501,10 @@ class Posterior:
         (importance sampling); all have ``mean``, ``variance`` and
         ``log_prob``; :func:`interval` gives central intervals.
         """
-        kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
+        mean, var = self._marginal_pieces(x_test, k_test_train, k_test_test)
         st = self._state
         sq = (lambda a: a[..., 0]) if self.squeeze else (lambda a: a)
         if self.noise_model == "scaled":
-            mean, var = self._latent(kxt, kxx, False)
             if noisy:
                 var = var + self.noise
             var = var[:, None] * jnp.ones_like(mean)
@@ -390,13 +515,7 @@ class Posterior:
                 return dist.StudentT(st["df"], sq(mean), sq(jnp.sqrt(factor * var)))
             beta = st["beta"][:, None, None]
             return GaussianMixture(st["log_w"], sq(mean[None]), sq(jnp.sqrt(beta * var[None])))
-        lam, U, yt = st["lam"], st["U"], st["ytilde"]
-        P = kxt @ U  # (L, N), once
-        beta = st["beta"]
-        d = beta[:, None] * lam[None, :] + self.noise  # (S, N)
-        mean = beta[:, None, None] * jnp.einsum("ln,snc->slc", P, yt[None] / d[:, :, None])  # a matmul, no (S,L,N)
-        var = beta[:, None] * kxx[None, :] - beta[:, None] ** 2 * ((P**2) @ (1.0 / d).T).T
-        var = jnp.clip(var, 0.0, None) + (self.noise if noisy else 0.0)
+        var = var + (self.noise if noisy else 0.0)
         scale = jnp.sqrt(var)[:, :, None] * jnp.ones_like(mean)
         if self.kind == "gaussian":
             return dist.Normal(sq(mean[0]), sq(scale[0]))
@@ -471,7 +590,7 @@ def _kernel_diag(kernel, x):
 
 
 def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model: str = "scaled",
-        num_samples: int = 10_000, key=None, min_ess: float = 30.0) -> Posterior:
+        num_samples: int = 10_000, key=None, min_ess: float = 30.0, proposal: str = "prior") -> Posterior:
     """Posterior of the scale mixture given training data (see the module docstring).
 
     Args:
@@ -483,6 +602,10 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
       noise: ``eps`` (scaled) or ``sigma_n^2`` (unscaled), see the module docstring.
       num_samples, key: importance sampling (non-conjugate cases only).
       min_ess: warn (:class:`SmallESSWarning`) below this effective sample size.
+      proposal: ``'prior'`` (the paper's importance sampler: draws from H) or ``'likelihood'`` (draws from a
+        widened inverse gamma shaped like the likelihood in sigma^2, reweighted by prior / proposal; scaled noise
+        only). With many training points the posterior of sigma^2 is narrow and the prior puts few samples in
+        it (effective sample sizes of tens out of 10^4); the likelihood proposal keeps most of them.
     """
     kfn = as_kernel_callable(kernel)
     x_train = jnp.asarray(x_train)
@@ -490,16 +613,16 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
         raise ValueError(f"x_train must have shape (N, features...), got {x_train.shape}")
     _check_finite(x_train, "x_train")
     y_train = _as_targets(y_train, x_train.shape[0])
-    k_train = kfn(x_train, None)
+    k_train = _evaluator(kfn)(x_train, None)
     post = fit_from_kernels(k_train, y_train, prior, noise=noise, noise_model=noise_model, num_samples=num_samples,
-                            key=key, min_ess=min_ess)
+                            key=key, min_ess=min_ess, proposal=proposal)
     post.kernel = kfn
     post.x_train = x_train
     return post
 
 
 def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_model: str = "scaled",
-                     num_samples: int = 10_000, key=None, min_ess: float = 30.0) -> Posterior:
+                     num_samples: int = 10_000, key=None, min_ess: float = 30.0, proposal: str = "prior") -> Posterior:
     """As :func:`fit`, from a precomputed (N, N) training kernel; predict with ``k_test_train``/``k_test_test``."""
     k_train = linalg.check_square(k_train, "k_train")
     if not jnp.issubdtype(k_train.dtype, jnp.floating):
@@ -511,13 +634,17 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
     n_out = Y.shape[1]
     noise = _check_noise(noise, noise_model)
     prior = priors.as_prior(prior)
+    if proposal not in ("prior", "likelihood"):
+        raise ValueError(f"proposal must be 'prior' or 'likelihood', got {proposal!r}")
+    if proposal == "likelihood" and noise_model != "scaled":
+        raise ValueError("proposal='likelihood' is implemented for noise_model='scaled' only; use proposal='prior'")
     common = dict(prior=prior, noise=noise, noise_model=noise_model, n_train=n, n_out=n_out, squeeze=squeeze)
     nc = n * n_out
     is_delta = priors.is_delta(prior)
 
     if noise_model == "scaled" or is_delta and noise == 0.0:
-        C = k_train + noise * jnp.eye(n, dtype=k_train.dtype) if noise > 0 else k_train
-        chol = linalg.cholesky(C, name="training kernel + noise")
+        # the Cholesky of C = k_train + noise I, without forming C
+        chol = linalg._shifted_cholesky(k_train, noise, name="training kernel + noise")
         if chol.jitter > 0:
             warnings.warn(f"the training kernel needed jitter {chol.jitter:.3g} to factorise (singular, e.g. repeated "
                           "inputs); consider noise > 0", stacklevel=2)
@@ -537,8 +664,16 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
             state.update(a_post=a + nc / 2, b_post=b + q / 2, df=2 * a + nc)
             return Posterior(kind="student_t", log_marginal_likelihood=float(lml), jitter=chol.jitter,
                              _state=state, **common)
-        beta = _prior_samples(prior, key, num_samples, k_train.dtype)
-        log_w = scaled_log_weights(q, ld, n, n_out, beta)
+        if proposal == "prior":
+            beta = _prior_samples(prior, key, num_samples, k_train.dtype)
+            log_w = scaled_log_weights(q, ld, n, n_out, beta)
+        else:
+            # The likelihood in beta is an inverse-gamma kernel, beta^{-NC/2} e^{-q/(2 beta)}; a proposal with
+            # that shape, widened (half the shape and rate: the same centre, larger spread, heavier tail), puts
+            # the samples where the posterior is. Weights: prior / proposal x likelihood.
+            prop = priors.InverseGamma(max(0.5, (nc / 2 - 1) / 2), float(q) / 4)
+            beta = _prior_samples(prop, key, num_samples, k_train.dtype)
+            log_w = scaled_log_weights(q, ld, n, n_out, beta) + prior.log_prob(beta) - prop.log_prob(beta)
         return _importance_posterior(common, state, beta, log_w, chol.jitter, num_samples, min_ess)
 
     # unscaled noise: one eigendecomposition, O(N) per sigma^2

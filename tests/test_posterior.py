@@ -806,3 +806,25 @@ def test_large_jitter_warns():
     with pytest.warns(UserWarning, match="jitter"):
         post = fit_from_kernels(K, y)
     assert post.jitter > 1e-6
+
+
+def test_likelihood_proposal_keeps_most_samples_and_agrees_with_the_closed_form(erf_data):
+    a, b, n = 2.0, 1.5, N_TRAIN
+    d = erf_data
+    y, ys = d["y_tr"][:, 0], d["y_te"][:, 0]
+    K, kst, kss = split(d["Kj"], n)
+    S = 20_000
+    post = fit(KFN, d["x_tr"], y, _generic_inverse_gamma(a, b), noise=EPS, num_samples=S,
+               key=jax.random.PRNGKey(5), proposal="likelihood")
+    by_prior = fit(KFN, d["x_tr"], y, _generic_inverse_gamma(a, b), noise=EPS, num_samples=S,
+                   key=jax.random.PRNGKey(5))
+    exact = fit(KFN, d["x_tr"], y, priors.InverseGamma(a, b), noise=EPS)
+    assert post.ess > by_prior.ess and post.ess > 0.3 * S
+    assert abs(post.log_marginal_likelihood - exact.log_marginal_likelihood) <= 5 / math.sqrt(post.ess)
+    got = np.asarray(post.log_predictive_density(ys, d["x_te"]))
+    ref = np.asarray(exact.log_predictive_density(ys, d["x_te"]))
+    np.testing.assert_allclose(got, ref, atol=5 / math.sqrt(post.ess))
+    with pytest.raises(ValueError, match="proposal must be"):
+        fit(KFN, d["x_tr"], y, _generic_inverse_gamma(a, b), noise=EPS, proposal="posterior")
+    with pytest.raises(ValueError, match="noise_model='scaled' only"):
+        fit(KFN, d["x_tr"], y, _generic_inverse_gamma(a, b), noise=EPS, noise_model="unscaled", proposal="likelihood")
