@@ -88,6 +88,8 @@ def add_arguments(parser):
     parser.add_argument("--warm-steps", type=int, default=50, help="Adam steps for warm-started later runs")
     parser.add_argument("--arch-steps", type=int, default=60, help="Adam steps per depth/activation candidate")
     parser.add_argument("--num-samples", type=int, default=10_000, help="importance samples for Burr XII")
+    parser.add_argument("--aggregate-only", action="store_true",
+                        help="only tabulate the runs already finished in --out (e.g. while jobs are running)")
 
 
 def _atomic_json(path, obj):
@@ -190,6 +192,11 @@ def _summaries(cells):
     return summary
 
 
+def _printed(theirs):
+    """The paper prints two decimals: its error bar is at least the rounding, 0.005."""
+    return theirs[0], max(theirs[1], 0.005)
+
+
 def _tables(summary):
     parts = []
     for protocol, per_ds in summary.items():
@@ -199,7 +206,7 @@ def _tables(summary):
             for model in MODELS:
                 ours = entry[model]["nll"]
                 theirs = PAPER_NLL.get(ds, {}).get(model)
-                mark = metrics.compare_marker(ours, theirs) if theirs else ""
+                mark = metrics.compare_marker(ours, _printed(theirs)) if theirs else ""
                 row += [metrics.format_mean_se(*ours) + (f" {mark}" if mark else ""),
                         metrics.format_mean_se(*theirs) if theirs else "-"]
             rows_nll.append(row)
@@ -207,7 +214,7 @@ def _tables(summary):
             for model in MODELS:
                 ours = entry[model]["rmse"]
                 theirs = PAPER_RMSE.get(ds, {}).get(model)
-                mark = metrics.compare_marker(ours, theirs) if theirs else ""
+                mark = metrics.compare_marker(ours, _printed(theirs)) if theirs else ""
                 digits = 4 if ds in ("kin8nm", "naval") else 2
                 row += [metrics.format_mean_se(*ours, digits=digits) + (f" {mark}" if mark else ""),
                         metrics.format_mean_se(*theirs) if theirs else "-"]
@@ -252,6 +259,8 @@ def run(args) -> Report:
     for protocol in protocols:  # protocol-outer, so that an interrupted job has whole protocols done first
         for ds in datasets:
             data = loaded[ds]
+            if getattr(args, "aggregate_only", False) and not os.path.exists(os.path.join(out, "arch", f"{ds}.json")):
+                continue
             if ds not in archs:
                 archs[ds] = _choose_architecture(data, args, out, quick)
             arch = archs[ds]
@@ -266,6 +275,8 @@ def run(args) -> Report:
                 if os.path.exists(path):
                     with open(path) as fh:
                         cell = json.load(fh)
+                elif getattr(args, "aggregate_only", False):
+                    break
                 else:
                     cell = _run_cell(data, protocol, r, arch, warm, args, args.seed)
                     _atomic_json(path, cell)
@@ -273,11 +284,12 @@ def run(args) -> Report:
                     warm = {m: {k: v for k, v in cell[m]["params"].items() if k not in ("W_std", "b_std", "noise")
                                 or m != "burr12"} for m in MODELS}
                 results.append(cell)
-            cells[(protocol, ds)] = results
+            if results:
+                cells[(protocol, ds)] = results
             timings[f"{protocol}/{ds}"] = time.perf_counter() - t0
     summary = _summaries(cells)
     arch_lines = []
-    for ds in datasets:
+    for ds in archs:
         with open(os.path.join(out, "arch", f"{ds}.json")) as fh:
             a = json.load(fh)
         arch_lines.append(f"{ds}: {a['depth']} x {a['activation']}")
@@ -292,7 +304,7 @@ def run(args) -> Report:
     ]
     results = {
         "summary": {p: {d: {m: v for m, v in e.items()} for d, e in per.items()} for p, per in summary.items()},
-        "architectures": {ds: a for ds, a in zip(datasets, arch_lines, strict=True)},
+        "architectures": {ds: a for ds, a in zip(archs, arch_lines, strict=True)},
         "seconds": timings,
         "cells": {f"{p}/{d}": v for (p, d), v in cells.items()},
     }
