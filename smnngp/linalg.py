@@ -14,7 +14,6 @@ never inspects values.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -68,16 +67,44 @@ def _chol(A, shift, jitter):
 _chol_jit = jax.jit(_chol)
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _input_stats(A, shift, check_symmetric: bool):
-    """For ``A + shift I`` (not materialised): all entries finite, max |A|, max |A - A^T| (when asked) and
-    mean diagonal, in one compiled pass."""
-    A = _shifted(A, shift)
-    finite = jnp.all(jnp.isfinite(A))
-    mean_diag = jnp.mean(jnp.diag(A))
-    if not check_symmetric:
-        return finite, None, None, mean_diag
-    return finite, jnp.max(jnp.abs(A)), jnp.max(jnp.abs(A - A.T)), mean_diag
+@jax.jit
+def _input_stats(A, shift):
+    """For ``C = A + shift I``, from A and its diagonal (a fused select of the diagonal is ~5x slower on CPU):
+    all entries finite, max |C| (NaN when it cannot be had this way: see below) and mean diagonal."""
+    a_diag = jnp.diagonal(A)
+    c_diag = a_diag + shift
+    finite = jnp.all(jnp.isfinite(A)) & jnp.all(jnp.isfinite(c_diag))
+    # |a_ii + shift| >= |a_ii| when a_ii >= 0 and shift >= 0 (rounding is monotone), so then
+    # max |C| = max(max |A|, max |diag C|); otherwise the caller forms it (_max_abs_shifted)
+    exact = (shift == 0) | ((shift > 0) & jnp.all(a_diag >= 0))
+    scale = jnp.where(exact, jnp.maximum(jnp.max(jnp.abs(A)), jnp.max(jnp.abs(c_diag))), jnp.nan)
+    return finite, scale, jnp.mean(c_diag)
+
+
+@jax.jit
+def _max_abs_shifted(A, shift):
+    return jnp.max(jnp.abs(_shifted(A, shift)))
+
+
+@jax.jit
+def _max_asymmetry_jit(A):
+    return jnp.max(jnp.abs(A - A.T))
+
+
+def _max_asymmetry(A) -> float:
+    """``max |A - A^T|`` (the same for ``A + shift I``).
+
+    For a matrix in host memory this is done in NumPy, one block of rows
+    against the matching block of columns (upper triangle only): about five
+    times faster than XLA's fused transpose on CPU, with the same value.
+    """
+    if isinstance(A, np.ndarray) or all(d.platform == "cpu" for d in A.devices()):
+        a = np.asarray(A)
+        n, block, worst = a.shape[0], 128, 0.0
+        for i in range(0, n, block):
+            worst = max(worst, float(np.max(np.abs(a[i : i + block, i:] - a[i:, i : i + block].T))))
+        return worst
+    return float(_max_asymmetry_jit(A))
 
 
 def cholesky(
@@ -107,11 +134,13 @@ def _shifted_cholesky(A, shift: float, *, name: str = "kernel matrix", max_relat
     if not jnp.issubdtype(A.dtype, jnp.floating):
         A = A.astype(jnp.result_type(float))
     shift = jnp.asarray(shift, A.dtype)
-    finite, scale, asym, mean_diag = _input_stats(A, shift, bool(check_symmetric))
+    finite, scale, mean_diag = _input_stats(A, shift)
     if not bool(finite):
         raise ValueError(f"{name} contains NaN or infinite entries")
     if check_symmetric:
-        scale, asym = float(scale), float(asym)
+        scale, asym = float(scale), _max_asymmetry(A)
+        if scale != scale:  # NaN: a negative diagonal entry with a shift
+            scale = float(_max_abs_shifted(A, shift))
         tol = 1e3 * float(jnp.finfo(A.dtype).eps) * max(scale, 1e-300)
         if asym > tol:
             raise ValueError(f"{name} is not symmetric (max |A - A^T| = {asym:.3g}, scale {scale:.3g})")

@@ -248,13 +248,42 @@ class GaussianMixture(dist.Distribution):
     support = dist.constraints.real
 
     def __init__(self, log_weights, loc, scale, *, validate_args=None):
+        self._setup(log_weights, loc, jnp.shape(scale), validate_args)
+        self.scale = scale
+
+    @classmethod
+    def _from_scale_factors(cls, log_weights, loc, beta, var, *, validate_args=None):
+        """The mixture with ``scale[s, ...] = sqrt(beta[s] * var[...])``, kept factorised.
+
+        ``log_prob``, ``mean`` and ``variance`` then cost O(S + L) memory: the
+        (S, L) ``scale`` array is only formed if the attribute is read.
+        """
+        self = cls.__new__(cls)
+        self._setup(log_weights, loc, (jnp.shape(beta)[0],) + jnp.shape(var), validate_args)
+        self._scale, self._scale_factors = None, (beta, var)
+        return self
+
+    def _setup(self, log_weights, loc, scale_shape, validate_args):
         self.log_weights = log_weights - logsumexp(log_weights)
         s = log_weights.shape[0]
-        shape = jnp.broadcast_shapes(jnp.shape(loc), jnp.shape(scale))
+        shape = jnp.broadcast_shapes(jnp.shape(loc), scale_shape)
         if len(shape) == 0 or shape[0] not in (1, s):
             raise ValueError(f"loc/scale must have a leading component axis of size 1 or {s}, got {shape}")
-        self.loc, self.scale = loc, scale
+        self.loc = loc
         super().__init__(batch_shape=shape[1:], validate_args=validate_args)
+
+    @property
+    def scale(self):
+        if self._scale is not None:
+            return self._scale
+        scale = _factored_scale(*self._scale_factors)
+        if not isinstance(scale, jax.core.Tracer):  # formed under a trace: not kept (it would leak)
+            self._scale = scale
+        return scale
+
+    @scale.setter
+    def scale(self, value):
+        self._scale, self._scale_factors = value, None
 
     def _lw(self):
         return self.log_weights.reshape((-1,) + (1,) * len(self.batch_shape))
@@ -262,6 +291,8 @@ class GaussianMixture(dist.Distribution):
     # The (S, L) component arrays are reduced by compiled, fused functions (below the class), which read them
     # once instead of materialising every intermediate: at 10^4-10^5 components that is most of the cost.
     def log_prob(self, value):
+        if self._scale is None:
+            return _mixture_log_prob_factored(self._lw(), self.loc, *self._scale_factors, value)
         return _mixture_log_prob(self._lw(), self.loc, self.scale, value)
 
     @property
@@ -270,6 +301,8 @@ class GaussianMixture(dist.Distribution):
 
     @property
     def variance(self):
+        if self._scale is None:
+            return _mixture_variance_factored(self._lw(), self.loc, *self._scale_factors, self.batch_shape)
         return _mixture_variance(self._lw(), self.loc, self.scale, self.batch_shape)
 
     def cdf(self, value):
@@ -300,10 +333,26 @@ class GaussianMixture(dist.Distribution):
         return loc + scale * jax.random.normal(k2, sample_shape + self.batch_shape, dtype=loc.dtype)
 
 
+def _factored_scale(beta, var):
+    return jnp.sqrt(beta.reshape((-1,) + (1,) * jnp.ndim(var)) * var[None])
+
+
 @jax.jit
 def _mixture_log_prob(lw, loc, scale, value):
     z = (value - loc) / scale
     comp = -0.5 * z**2 - jnp.log(scale) - 0.5 * _LOG_2PI
+    return logsumexp(lw + comp, axis=0)
+
+
+@jax.jit
+def _mixture_log_prob_factored(lw, loc, beta, var, value):
+    if jnp.shape(loc)[0] != 1:
+        return _mixture_log_prob(lw, loc, _factored_scale(beta, var), value)
+    # one location for all components: z^2 = r / beta with r = (value - loc)^2 / var per point, and
+    # log scale = (log beta + log var) / 2, so only the exponentials are S x L
+    b = beta.reshape((-1,) + (1,) * jnp.ndim(var))
+    r = (value - loc) ** 2 / var
+    comp = -0.5 * r / b - 0.5 * jnp.log(b) - 0.5 * jnp.log(var) - 0.5 * _LOG_2PI
     return logsumexp(lw + comp, axis=0)
 
 
@@ -319,6 +368,20 @@ def _mixture_variance(lw, loc, scale, batch_shape):
     loc = jnp.broadcast_to(loc, (w.shape[0],) + batch_shape)
     m = jnp.sum(w * loc, axis=0)
     return jnp.sum(w * (scale**2 + loc**2), axis=0) - m**2
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _mixture_variance_factored(lw, loc, beta, var, batch_shape):
+    # E[scale^2] = E[beta] var; with one location for all components, E[loc] = loc sum(w): O(S + L)
+    w = jnp.exp(lw)
+    e_scale2 = jnp.sum(w.reshape(-1) * beta) * var
+    if jnp.shape(loc)[0] == 1:
+        sum_w = jnp.sum(w)
+        m = jnp.broadcast_to(loc[0] * sum_w, batch_shape)
+        return e_scale2 + loc[0] ** 2 * sum_w - m**2
+    loc = jnp.broadcast_to(loc, (w.shape[0],) + batch_shape)
+    m = jnp.sum(w * loc, axis=0)
+    return e_scale2 + jnp.sum(w * loc**2, axis=0) - m**2
 
 
 def _weighted_indices(key, log_w, shape):
@@ -444,13 +507,7 @@ class Posterior:
     def _latent(self, kxt, kxx, full_cov):
         """Gaussian conditional pieces for scaled noise: mean (L, C), covariance S* (diag or full)."""
         st = self._state
-        mean = kxt @ st["alpha"]
-        v = linalg.solve_triangular(st["L"], kxt.T)
-        if full_cov:
-            cov = kxx - v.T @ v
-        else:
-            cov = jnp.clip(kxx - jnp.sum(v * v, axis=0), 0.0, None)
-        return mean, cov
+        return _latent_jit(kxt, kxx, st["alpha"], st["L"], bool(full_cov))
 
     def _marginal_pieces(self, x_test, k_test_train, k_test_test):
         """Noise-free predictive pieces at the test points: (mean, variance).
@@ -467,7 +524,7 @@ class Posterior:
             cache_key = (self.kernel, self.x_train, self._state, self.noise, self.noise_model)
             hit = self.__dict__.get("_pieces_cache")
             if (hit is not None and all(a is b for a, b in zip(hit[0], cache_key)) and hit[1].shape == x.shape
-                    and hit[1].dtype == x.dtype and bool(jnp.array_equal(hit[1], x))):
+                    and hit[1].dtype == x.dtype and np.array_equal(np.asarray(hit[1]), np.asarray(x))):
                 return hit[2]
         kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
         st = self._state
@@ -505,16 +562,18 @@ class Posterior:
         st = self._state
         sq = (lambda a: a[..., 0]) if self.squeeze else (lambda a: a)
         if self.noise_model == "scaled":
-            if noisy:
-                var = var + self.noise
-            var = var[:, None] * jnp.ones_like(mean)
+            noise = self.noise if noisy else 0.0
             if self.kind == "gaussian":
-                return dist.Normal(sq(mean), sq(jnp.sqrt(st["s"] * var)))
+                loc, _, scale = _scaled_marginals(mean, var, noise, 1.0, st["s"], 1.0, self.squeeze)
+                return dist.Normal(loc, scale)
             if self.kind == "student_t":
-                factor = 2 * st["b_post"] / st["df"]
-                return dist.StudentT(st["df"], sq(mean), sq(jnp.sqrt(factor * var)))
-            beta = st["beta"][:, None, None]
-            return GaussianMixture(st["log_w"], sq(mean[None]), sq(jnp.sqrt(beta * var[None])))
+                # scale^2 = (2 b' / df) var
+                loc, _, scale = _scaled_marginals(mean, var, noise, 2.0, st["b_post"], st["df"], self.squeeze)
+                return dist.StudentT(st["df"], loc, scale)
+            # scale = sqrt(beta_s * var): kept factorised, (S, L) arrays are never formed to answer mean,
+            # variance or log_prob
+            loc, var, _ = _scaled_marginals(mean, var, noise, 1.0, 1.0, 1.0, self.squeeze)
+            return GaussianMixture._from_scale_factors(st["log_w"], loc[None], st["beta"], var)
         var = var + (self.noise if noisy else 0.0)
         scale = jnp.sqrt(var)[:, :, None] * jnp.ones_like(mean)
         if self.kind == "gaussian":
@@ -577,6 +636,29 @@ class Posterior:
                 draws.append(m + chol @ jax.random.normal(keys[i], (L, self.n_out), dtype=cov.dtype))
             out = jnp.stack(draws)
         return out[..., 0] if self.squeeze else out
+
+
+@functools.partial(jax.jit, static_argnums=6)
+def _scaled_marginals(mean, var, noise, mult, num, den, squeeze):
+    """Per test point (and output): mean, variance ``var + noise`` and ``sqrt(factor (var + noise))`` with
+    ``factor = mult num / den``, compiled as one function."""
+    var = (var + noise)[:, None] * jnp.ones_like(mean)
+    scale = jnp.sqrt(mult * num / den * var)
+    if squeeze:
+        return mean[..., 0], var[..., 0], scale[..., 0]
+    return mean, var, scale
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _latent_jit(kxt, kxx, alpha, chol_l, full_cov):
+    # one compiled function rather than a handful of eager ops, each compiled on first use of a shape
+    mean = kxt @ alpha
+    v = linalg.solve_triangular(chol_l, kxt.T)
+    if full_cov:
+        cov = kxx - v.T @ v
+    else:
+        cov = jnp.clip(kxx - jnp.sum(v * v, axis=0), 0.0, None)
+    return mean, cov
 
 
 def _kernel_diag(kernel, x):
@@ -648,20 +730,18 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
         if chol.jitter > 0:
             warnings.warn(f"the training kernel needed jitter {chol.jitter:.3g} to factorise (singular, e.g. repeated "
                           "inputs); consider noise > 0", stacklevel=2)
-        alpha = linalg.cho_solve(chol.L, Y)
-        q = jnp.sum(Y * alpha)
-        ld = linalg.logdet(chol.L)
+        alpha, q, ld = _scaled_fit_stats(chol.L, Y)
         state = dict(L=chol.L, alpha=alpha, q=q, logdet=ld)
         if is_delta:
             s = prior.v
-            lml = gaussian_log_ml(q, ld, n, n_out, s)
+            lml = _gaussian_log_ml_jit(q, ld, n, n_out, s)
             state["s"] = s
             return Posterior(kind="gaussian", log_marginal_likelihood=float(lml), jitter=chol.jitter,
                              _state=state, **common)
         if priors.is_inverse_gamma(prior):
             a, b = priors.inverse_gamma_params(prior)
-            lml = student_t_log_ml(q, ld, n, n_out, a, b)
-            state.update(a_post=a + nc / 2, b_post=b + q / 2, df=2 * a + nc)
+            lml, a_post, b_post, df = _student_t_fit(q, ld, n, n_out, a, b)
+            state.update(a_post=a_post, b_post=b_post, df=df)
             return Posterior(kind="student_t", log_marginal_likelihood=float(lml), jitter=chol.jitter,
                              _state=state, **common)
         if proposal == "prior":
@@ -690,6 +770,24 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
     beta = _prior_samples(prior, key, num_samples, k_train.dtype)
     log_w = unscaled_log_weights(lam, ytilde**2, noise, beta)
     return _importance_posterior(common, state, beta, log_w, 0.0, num_samples, min_ess)
+
+
+# Compiled groups of the scalar / O(N^2) steps of fit_from_kernels (eagerly, each op would be compiled on first use).
+
+
+@jax.jit
+def _scaled_fit_stats(chol_l, Y):
+    alpha = linalg.cho_solve(chol_l, Y)
+    return alpha, jnp.sum(Y * alpha), linalg.logdet(chol_l)
+
+
+_gaussian_log_ml_jit = jax.jit(gaussian_log_ml, static_argnums=(2, 3))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _student_t_fit(q, ld, n, n_out, a, b):
+    nc = n * n_out
+    return student_t_log_ml(q, ld, n, n_out, a, b), a + nc / 2, b + q / 2, 2 * a + nc
 
 
 def _prior_samples(prior, key, num_samples, dtype):
