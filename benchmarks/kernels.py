@@ -188,13 +188,10 @@ def relative_error(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     return {"all": float(np.max(diff) / scale), "off_diagonal": float(np.max(off) / scale)}
 
 
-def git_commit() -> str | None:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("-dirty" if dirty.strip() else "")
+def git_commit() -> str:
+    from experiments.report import git_commit as commit  # the project's one implementation
+
+    return commit(str(ROOT))
 
 
 def print_table(names, ours: dict, nt: dict | None) -> None:

@@ -181,13 +181,10 @@ def run_round(n_train: int, n_test: int, anchor_first: bool, threads: int) -> di
         return json.loads(Path(out).read_text())
 
 
-def git_commit() -> str | None:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("-dirty" if dirty.strip() else "")
+def git_commit() -> str:
+    from experiments.report import git_commit as commit  # the project's one implementation
+
+    return commit(str(ROOT))
 
 
 def summarise(rounds: list[dict], judge: bool = True) -> tuple[dict, list[dict]]:
