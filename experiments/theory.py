@@ -297,6 +297,7 @@ class _Cells:
         os.makedirs(self.dir, exist_ok=True)
         self.settings = settings
         self.fresh = fresh
+        self.seconds = {}  # compute time of every cell used, as first computed
 
     def get(self, name, spec, compute):
         """Load cell ``name`` if saved with the same settings and ``spec``, else compute and save it."""
@@ -305,13 +306,16 @@ class _Cells:
         if not self.fresh and os.path.exists(path):
             with np.load(path) as z:
                 if str(z["_tag"]) == tag:
-                    return {k: z[k] for k in z.files if k != "_tag"}, True
+                    data = {k: z[k] for k in z.files if k != "_tag"}
+                    self.seconds[name] = float(data["seconds"])
+                    return data, True
         start = time.perf_counter()
         data = compute()
         data["seconds"] = np.asarray(time.perf_counter() - start)
         tmp = path + ".tmp.npz"
         np.savez(tmp, _tag=np.asarray(tag), **data)
         os.replace(tmp, path)
+        self.seconds[name] = float(data["seconds"])
         return data, False
 
 
@@ -448,10 +452,13 @@ def run(args) -> Report:
         plain, _ = cells.get(f"plaingd_mlp_w{check_width}_a{a_full:g}", spec,
                              lambda: train_cell("mlp", check_width, a_full, n_train_nets, n_check, None, cap))
         diff = np.abs(plain["f_te"] - full_data[("mlp", check_width, a_full)]["f_te"][:n_check])
+        rel = diff / np.sqrt(plain["sigma2"])  # in units of sigma_v, the factor of the limit's scale
         optimiser_check = dict(width=check_width, a=a_full, networks=n_check,
                                plain_gd_steps_max=int(plain["steps"].max()),
                                plain_gd_residual_max=float(np.nanmax(plain["residual"])),
                                max_abs_diff=float(np.nanmax(diff)), median_abs_diff=float(np.nanmedian(diff)),
+                               median_abs_diff_over_sigma=float(np.nanmedian(rel)),
+                               max_abs_diff_over_sigma=float(np.nanmax(rel)),
                                limit_scale=math.sqrt(limits["mlp"]["full"][1]), seconds=float(plain["seconds"]))
         bar.update()
     bar.close()
@@ -459,12 +466,13 @@ def run(args) -> Report:
     figures = _figures(args.out, rows, samples, limits, widths, sweep_width, sweep_as, a_init, a_full, a_res,
                        res_width, quick)
     md = _markdown(rows, limits, widths, sweep_width, sweep_as, a_init, a_full, a_res, res_width, n_nets,
-                   n_train_nets, w_std, tol, max_steps, figures, quick, optimiser_check)
+                   n_train_nets, w_std, tol, max_steps, figures, quick, optimiser_check, sum(cells.seconds.values()))
     results = dict(widths=widths, data=dict(x_train=x[:, 0], y_train=y[:, 0], x_test=X_TEST, data_seed=DATA_SEED),
                    init_scales=dict(W_std=w_std, b_std=B_STD, parameterization="ntk", readout="sigma_v * Dense(1, 1)"),
                    limits={k: {m: list(v) if isinstance(v, tuple) else v for m, v in d.items()}
                            for k, d in limits.items()},
-                   cells=rows, trend=_trend(rows, widths, a_init, a_full), optimiser_check=optimiser_check)
+                   cells=rows, trend=_trend(rows, widths, a_init, a_full), optimiser_check=optimiser_check,
+                   cell_seconds=cells.seconds)
     return Report(results=results, markdown=md, figures=figures)
 
 # ---------------------------------------------------------------------------
@@ -595,7 +603,7 @@ _HEAD = ["mode", "width", "a = b", "networks", "KS", "p", "RB-KS ± se", "max tr
 
 
 def _markdown(rows, limits, widths, sweep_width, sweep_as, a_init, a_full, a_res, res_width, n_nets, n_train_nets,
-              w_std, tol, max_steps, figures, quick, optimiser_check=None):
+              w_std, tol, max_steps, figures, quick, optimiser_check=None, cell_seconds=0.0):
     x, y, _ = make_data()
     lim = limits["mlp"]
     eig = np.array(lim["ntk_eigenvalues"])
@@ -668,10 +676,14 @@ def _markdown(rows, limits, widths, sweep_width, sweep_as, a_init, a_full, a_res
                   f"The first {oc['networks']} networks of the width-{oc['width']} full-training cell retrained by "
                   f"plain gradient descent (no momentum, same learning rate, up to {oc['plain_gd_steps_max']} steps, "
                   f"max train residual {oc['plain_gd_residual_max']:.1e}): |f(x*) difference| median "
-                  f"{oc['median_abs_diff']:.3g}, max {oc['max_abs_diff']:.3g}, against the limit's scale "
-                  f"sqrt(Theta') = {oc['limit_scale']:.3f} (times sigma_v). In the lazy (infinite-width) regime the "
-                  "two optimisers reach the same interpolant; a difference measures how far the networks are from it."]
+                  f"{oc['median_abs_diff']:.3g}, max {oc['max_abs_diff']:.3g}; divided by each network's sigma_v: "
+                  f"median {oc['median_abs_diff_over_sigma']:.3g}, max {oc['max_abs_diff_over_sigma']:.3g}, against "
+                  f"the limit's scale sqrt(Theta') = {oc['limit_scale']:.3f} (times sigma_v). In the lazy "
+                  "(infinite-width) regime the two optimisers reach the same interpolant; the difference measures "
+                  "how far these networks still are from it."]
     lines += ["", "## Figures", ""] + [f"- `{f}`" for f in figures]
+    lines += ["", f"Compute time of all cells (as first computed, summed over resumed runs): {cell_seconds:.0f} s; the "
+              "header's wall time is that of the last (possibly resumed) invocation."]
     if quick:
         lines += ["", "(--quick: few widths and networks, no ResNet, a reduced sweep.)"]
     return "\n".join(lines) + "\n"
