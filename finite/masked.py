@@ -1,0 +1,240 @@
+"""Masked Bayesian neural networks (Kong et al., ICML 2023; notes ``000_masked_bnn.md`` section 1).
+
+A masked MLP is a dense ReLU network whose hidden layer ``l`` carries a binary
+node mask ``m_l``; the masked activation is ``rho_m(x) = m * max(x, 0)``
+(paper section 3.1). The masks are a reparameterisation of the width: a
+network with ``|m_l|_0 = s_l`` computes exactly what a dense network of widths
+``s_l`` computes.
+
+Parameters are a pytree: ``params = ((W_1, b_1), ..., (W_{L+1}, b_{L+1}))``
+with ``W_l`` of shape ``(fan_in, fan_out)`` (the ``smnngp.stax.Dense`` layout,
+standard parameterisation: the layer computes ``x @ W + b``), and
+``masks = (m_1, ..., m_L)`` float arrays of 0/1 of the physical widths.
+
+**Compaction.** Once masks are sparse the work of a forward pass is in the
+active nodes only. ``apply(..., buckets=(B_1, ..., B_L))`` gathers the active
+rows/columns of every weight matrix into dense blocks of static size ``B_l``
+(padded; the pads contribute exactly zero), so XLA compiles one program per
+bucket tuple and a sampler that rounds ``B_l`` up to powers of two compiles a
+handful. The value and the gradients with respect to the parameters and to the
+*active* mask entries equal the full-width computation; the gradient with
+respect to an *inactive* mask entry (which only gradient-informed birth
+proposals need) is only available at full width (``buckets=None``).
+
+**Priors** (paper section 3.3): the mask prior
+``log Pi(m_l) = -c s_l^2 - log C(p_l, s_l)`` with ``c = (lambda ln n)^5`` and
+``s_l >= 1``; iid ``Cauchy(0, scale)`` on every weight and bias (active or
+not); ``sigma^2 ~ InvGamma(a, b)`` for regression, updated by its conjugate
+Gibbs draw.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from jax.scipy.special import gammaln
+
+from smnngp import stax
+
+__all__ = [
+    "MaskedMLP",
+    "masked_mlp",
+    "masked_relu",
+    "mask_prior_strength",
+    "log_mask_prior",
+    "cauchy_log_prior",
+    "gaussian_loglik",
+    "categorical_loglik",
+    "gibbs_sigma2",
+    "active_counts",
+    "bucket_sizes",
+]
+
+
+def masked_relu(x, m):
+    """``rho_m(x) = m * max(x, 0)`` with the mask broadcast over the last (node/channel) axis."""
+    return m * jnp.maximum(x, 0.0)
+
+
+class MaskedMLP(NamedTuple):
+    """Static description of a masked MLP (hashable: safe as a ``jit`` static argument).
+
+    in_dim: input features; widths: physical hidden widths ``p_l``; active:
+    initially active nodes per layer (the first ``active[l]`` nodes); out_dim:
+    outputs (1 for regression, classes for classification).
+    """
+
+    in_dim: int
+    widths: tuple
+    active: tuple
+    out_dim: int
+    W_std: float
+    b_std: float
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.widths)
+
+    def init(self, key, dtype=jnp.float32):
+        """Draw ``(params, masks)``: weights from ``stax.Dense`` (standard parameterisation) and the initial masks.
+
+        The default scales ``W_std = b_std = 1/sqrt(3)`` give every weight the
+        variance ``1 / (3 fan_in)`` of PyTorch's default (uniform) initialisation
+        that the authors started their chains from; biases get ``b_std^2 / fan_in``.
+        """
+        keys = jax.random.split(key, self.num_layers + 1)
+        dims = (self.in_dim,) + tuple(self.widths) + (self.out_dim,)
+        params = []
+        for k, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+            init_fn = stax.Dense(fan_out, W_std=self.W_std, b_std=1.0, parameterization="standard")[0]
+            _, (W, b) = init_fn(keys[k], (1, fan_in))
+            params.append((W.astype(dtype), (b * (self.b_std / math.sqrt(fan_in))).astype(dtype)))
+        masks = tuple((jnp.arange(p) < a).astype(dtype) for p, a in zip(self.widths, self.active))
+        return tuple(params), masks
+
+    def apply(self, params, masks, x, buckets=None):
+        """Network output ``f(x)`` of shape ``(n, out_dim)``; ``buckets`` selects the compacted computation."""
+        return _forward(params, masks, x, buckets)
+
+    def check(self, params, masks, x=None):
+        """Raise ``ValueError`` naming the first array whose shape or values do not fit this network."""
+        dims = (self.in_dim,) + tuple(self.widths) + (self.out_dim,)
+        if len(params) != self.num_layers + 1:
+            raise ValueError(f"MaskedMLP: expected {self.num_layers + 1} (W, b) pairs, got {len(params)}")
+        for k, ((W, b), fi, fo) in enumerate(zip(params, dims[:-1], dims[1:])):
+            if tuple(W.shape) != (fi, fo) or tuple(b.shape) != (fo,):
+                raise ValueError(f"MaskedMLP: layer {k + 1} has W {W.shape}, b {b.shape}; expected ({fi}, {fo}), ({fo},)")
+        if len(masks) != self.num_layers:
+            raise ValueError(f"MaskedMLP: expected {self.num_layers} masks, got {len(masks)}")
+        for k, (m, p) in enumerate(zip(masks, self.widths)):
+            m = np.asarray(m)
+            if m.shape != (p,):
+                raise ValueError(f"MaskedMLP: mask {k + 1} has shape {m.shape}, expected ({p},)")
+            if not np.all((m == 0) | (m == 1)):
+                raise ValueError(f"MaskedMLP: mask {k + 1} must hold only 0 and 1")
+            if m.sum() < 1:
+                raise ValueError(f"MaskedMLP: mask {k + 1} has no active node (the prior requires s_l >= 1)")
+        if x is not None:
+            x = np.asarray(x)
+            if x.ndim != 2 or x.shape[1] != self.in_dim:
+                raise ValueError(f"MaskedMLP: inputs must have shape (n, {self.in_dim}), got {x.shape}")
+            if not np.all(np.isfinite(x)):
+                raise ValueError("MaskedMLP: inputs contain NaN or inf")
+
+
+def masked_mlp(in_dim: int, widths: Sequence[int] = (1100, 1100), active: Sequence[int] | None = None,
+               out_dim: int = 1, W_std: float = 1 / math.sqrt(3), b_std: float = 1 / math.sqrt(3)) -> MaskedMLP:
+    """A masked ReLU MLP spec. ``active`` defaults to ``widths`` (all nodes on; the BNN).
+
+    The authors used physical widths 1100 with the first 1000 active
+    (``masked_mlp(d, (1100, 1100), (1000, 1000))``).
+    """
+    widths = tuple(int(w) for w in widths)
+    active = widths if active is None else tuple(int(a) for a in active)
+    if int(in_dim) < 1 or int(out_dim) < 1:
+        raise ValueError(f"masked_mlp: in_dim and out_dim must be positive, got {in_dim}, {out_dim}")
+    if not widths or any(w < 1 for w in widths):
+        raise ValueError(f"masked_mlp: widths must be positive integers, got {widths}")
+    if len(active) != len(widths) or any(not 1 <= a <= w for a, w in zip(active, widths)):
+        raise ValueError(f"masked_mlp: active must give 1 <= active_l <= width_l per layer, got {active} for {widths}")
+    if not (W_std > 0 and b_std >= 0):
+        raise ValueError(f"masked_mlp: W_std must be > 0 and b_std >= 0, got {W_std}, {b_std}")
+    return MaskedMLP(int(in_dim), widths, active, int(out_dim), float(W_std), float(b_std))
+
+
+def _forward(params, masks, x, buckets=None):
+    """Full-width (``buckets=None``) or compacted forward pass; see the module docstring."""
+    if buckets is not None and len(buckets) != len(masks):
+        raise ValueError(f"apply: {len(buckets)} buckets for {len(masks)} masked layers")
+    h = x
+    prev_idx = None  # active indices of the previous layer when it was compacted
+    for l, ((W, b), m) in enumerate(zip(params[:-1], masks)):
+        p = m.shape[0]
+        B = None if buckets is None else buckets[l]
+        if B is None or B >= p:
+            Wl = W if prev_idx is None else W[prev_idx]
+            h = masked_relu(h @ Wl + b, m)
+            prev_idx = None
+        else:
+            on = jax.lax.stop_gradient(m) > 0.5
+            idx = jnp.nonzero(on, size=B, fill_value=0)[0]
+            valid = jnp.arange(B) < jnp.sum(on)
+            Wl = W[:, idx] if prev_idx is None else W[prev_idx[:, None], idx[None, :]]
+            h = masked_relu(h @ Wl + b[idx], jnp.where(valid, m[idx], 0.0))
+            prev_idx = idx
+    W, b = params[-1]
+    return h @ (W if prev_idx is None else W[prev_idx]) + b
+
+
+def active_counts(masks) -> tuple:
+    """Active nodes per layer, as Python ints (host side; concrete masks only)."""
+    return tuple(int(np.asarray(m).sum()) for m in masks)
+
+
+def bucket_sizes(counts, widths, slack: int = 0, minimum: int = 16) -> tuple | None:
+    """Power-of-two block sizes ``>= count + slack`` per layer; ``None`` where full width is as cheap.
+
+    Returns ``None`` (full width everywhere) when every layer would need its
+    whole physical width, else a tuple with ``None`` entries for layers that run
+    at full width. ``counts`` may be per-chain arrays: the maximum is used.
+    """
+    out = []
+    for c, p in zip(counts, widths):
+        need = int(np.max(c)) + int(slack)
+        B = max(int(minimum), 1 << max(need - 1, 0).bit_length())
+        out.append(None if B >= p else B)
+    return None if all(b is None for b in out) else tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# priors and likelihoods
+# ---------------------------------------------------------------------------
+
+def mask_prior_strength(lam: float, n: int) -> float:
+    """``c = (lambda ln n)^5`` (paper eq. 4; natural log as in the authors' code)."""
+    if not lam > 0:
+        raise ValueError(f"mask prior: lambda must be > 0, got {lam}")
+    if int(n) < 2:
+        raise ValueError(f"mask prior: n (training size) must be >= 2, got {n}")
+    return float((lam * math.log(n)) ** 5)
+
+
+def log_mask_prior(masks, c: float):
+    """``sum_l [-c s_l^2 - log C(p_l, s_l)]`` (paper eqs. 4-5, up to a constant); ``-inf`` if some ``s_l = 0``."""
+    total = 0.0
+    for m in masks:
+        p = m.shape[0]
+        s = jnp.sum(m)
+        log_binom = gammaln(p + 1.0) - gammaln(s + 1.0) - gammaln(p - s + 1.0)
+        total = total + jnp.where(s >= 1, -c * s**2 - log_binom, -jnp.inf)
+    return total
+
+
+def cauchy_log_prior(params, scale: float):
+    """Sum of ``log Cauchy(theta; 0, scale)`` over every weight and bias (paper eq. 6)."""
+    prior = dist.Cauchy(0.0, scale)
+    return sum(jnp.sum(prior.log_prob(x)) for x in jax.tree_util.tree_leaves(params))
+
+
+def gaussian_loglik(f, y, sigma2):
+    """``sum_i log N(y_i; f_i, sigma^2)`` and the residual sum of squares."""
+    f = f.reshape(y.shape)
+    sse = jnp.sum((y - f) ** 2)
+    n = y.size
+    return -0.5 * n * jnp.log(2 * jnp.pi * sigma2) - 0.5 * sse / sigma2, sse
+
+
+def categorical_loglik(logits, y):
+    """``sum_i log softmax(logits_i)[y_i]`` for integer labels ``y``."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.sum(jnp.take_along_axis(logp, y[:, None].astype(jnp.int32), axis=-1))
+
+
+def gibbs_sigma2(key, sse, n: int, a: float, b: float):
+    """Conjugate draw ``sigma^2 | rest ~ InvGamma(a + n/2, b + SSE/2)`` (the authors' ``sigma_update`` with a = 1)."""
+    return dist.InverseGamma(a + 0.5 * n, b + 0.5 * sse).sample(key)

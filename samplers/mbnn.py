@@ -1,0 +1,379 @@
+"""The masked-BNN sampler (Kong et al. 2023, Algorithm 2; notes sections 2.1-2.3), in BlackJAX's style.
+
+One iteration, for the state ``(theta, M, sigma^2)``:
+
+1. one HMC trajectory for ``theta`` given ``M, sigma^2`` (BlackJAX ``hmc``
+   with a fixed number of leapfrog steps, or ``nuts``), targeting
+   ``log Cauchy(theta) + log p(y | theta, M, sigma^2)``; during burn-in the
+   step size follows BlackJAX's dual averaging (target acceptance 0.7, the
+   authors' ``gamma = 0.2, t0 = 10, kappa = 0.75``), after it the averaged
+   step size is frozen;
+2. ``n_mh`` birth/death moves of the masks (`samplers.masks`), with
+   ``theta`` and ``sigma^2`` fixed;
+3. a Gibbs draw ``sigma^2 ~ InvGamma(a + n/2, b + SSE/2)`` (regression).
+
+Every piece leaves the joint posterior invariant, so the composition does.
+The BNN baseline is the same sampler with all nodes on and no mask moves.
+
+``sampler.init(key)`` and ``sampler.step(key, state, adapt=..., buckets=...)``
+are pure; ``adapt`` and ``buckets`` are static (see ``finite.masked`` for
+the compaction). ``sample(...)`` runs many chains (one ``vmap``), keeps
+thinned draws of user-chosen functions of the state, records traces and
+diagnostics, and checkpoints so that an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from finite.masked import (MaskedMLP, active_counts, bucket_sizes, categorical_loglik, cauchy_log_prior,
+                           gaussian_loglik, gibbs_sigma2, mask_prior_strength)
+from samplers.hmc import hmc_step, step_size_adaptation
+from samplers.masks import check_proposals, mask_move
+
+__all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "sample", "SampleResult"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MaskedBNN:
+    """Posterior of a masked MLP on one data set: ``net``, data and priors.
+
+    likelihood: ``"gaussian"`` (``y`` of shape ``(n,)`` or ``(n, 1)``) or
+    ``"categorical"`` (integer labels ``(n,)``, ``net.out_dim`` classes).
+    prior_scale: Cauchy scale of every weight and bias. lam: mask prior
+    ``lambda`` (``None``: no masks, the BNN). sigma2_prior: ``(a, b)`` of the
+    inverse gamma prior on the noise variance.
+    """
+
+    net: MaskedMLP
+    x: Any
+    y: Any
+    likelihood: str = "gaussian"
+    prior_scale: float = 1.0
+    lam: float | None = 0.1
+    sigma2_prior: tuple = (1.0, 1.0)
+
+    def __post_init__(self):
+        x, y = np.asarray(self.x), np.asarray(self.y)
+        if self.likelihood not in ("gaussian", "categorical"):
+            raise ValueError(f"MaskedBNN: likelihood must be 'gaussian' or 'categorical', got {self.likelihood!r}")
+        if x.ndim != 2 or x.shape[1] != self.net.in_dim:
+            raise ValueError(f"MaskedBNN: x must have shape (n, {self.net.in_dim}), got {x.shape}")
+        if not np.all(np.isfinite(x)):
+            raise ValueError("MaskedBNN: x contains NaN or inf")
+        if y.shape[0] != x.shape[0]:
+            raise ValueError(f"MaskedBNN: x has {x.shape[0]} rows but y has {y.shape[0]}")
+        if self.likelihood == "gaussian":
+            if self.net.out_dim != 1 or y.size != x.shape[0]:
+                raise ValueError("MaskedBNN: the Gaussian likelihood needs out_dim = 1 and one target per row")
+            if not np.all(np.isfinite(y)):
+                raise ValueError("MaskedBNN: y contains NaN or inf")
+        else:
+            if y.ndim != 1 or not np.all((y >= 0) & (y < self.net.out_dim) & (y == np.round(y))):
+                raise ValueError(f"MaskedBNN: categorical labels must be integers in [0, {self.net.out_dim})")
+        if not self.prior_scale > 0:
+            raise ValueError(f"MaskedBNN: prior_scale must be > 0, got {self.prior_scale}")
+        a, b = self.sigma2_prior
+        if not (a > 0 and b > 0):
+            raise ValueError(f"MaskedBNN: sigma2_prior (a, b) must be positive, got {self.sigma2_prior}")
+        if self.lam is not None:
+            mask_prior_strength(self.lam, x.shape[0])  # validates lam
+        if self.lam is None and self.net.active != self.net.widths:
+            raise ValueError("MaskedBNN: without a mask prior (lam=None, the BNN) every node must be active")
+        object.__setattr__(self, "x", jnp.asarray(x, jnp.float32) if x.dtype != np.float64 else jnp.asarray(x))
+        dtype = self.x.dtype
+        object.__setattr__(self, "y", jnp.asarray(y, dtype).reshape(-1) if self.likelihood == "gaussian"
+                           else jnp.asarray(y, jnp.int32))
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def masked(self) -> bool:
+        return self.lam is not None
+
+    @property
+    def c(self) -> float:
+        return mask_prior_strength(self.lam, self.n) if self.masked else 0.0
+
+    def loglik(self, params, masks, sigma2, buckets=None, x=None, y=None):
+        """``(log p(y | theta, M, sigma^2), SSE)`` (SSE is 0 for classification)."""
+        x = self.x if x is None else x
+        y = self.y if y is None else y
+        f = self.net.apply(params, masks, x, buckets)
+        if self.likelihood == "gaussian":
+            return gaussian_loglik(f[:, 0], y, sigma2)
+        return categorical_loglik(f, y), jnp.zeros((), f.dtype)
+
+    def log_prior_theta(self, params):
+        return cauchy_log_prior(params, self.prior_scale)
+
+
+class MBNNState(NamedTuple):
+    params: Any
+    masks: tuple
+    sigma2: jnp.ndarray
+    da: Any  # blackjax DualAveragingAdaptationState
+    iteration: jnp.ndarray
+
+
+class MBNNInfo(NamedTuple):
+    hmc_acceptance: jnp.ndarray
+    hmc_accepted: jnp.ndarray
+    divergent: jnp.ndarray
+    step_size: jnp.ndarray
+    mask_accepted: jnp.ndarray  # accepted moves this iteration
+    births: jnp.ndarray  # accepted births
+    deaths: jnp.ndarray  # accepted deaths
+    active: jnp.ndarray  # (L,) active nodes after the iteration
+    sigma2: jnp.ndarray
+    loglik: jnp.ndarray
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MBNNSampler:
+    """``init(key, params=None, masks=None)`` and ``step(key, state, adapt, buckets)``; see the module docstring."""
+
+    model: MaskedBNN
+    num_integration_steps: int
+    step_size: float
+    n_mh: int
+    n_max: int
+    birth: str
+    death: str
+    authors_guard: bool
+    theta_kernel: str
+    target_accept: float
+    da_gamma: float
+    da_t0: float
+    da_kappa: float
+    sigma2_init: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "_compiled", {})
+
+    @property
+    def slack(self) -> int:
+        """Nodes one iteration's mask moves can add to a layer (the headroom a bucket needs)."""
+        return self.n_mh * self.n_max if self.model.masked else 0
+
+    def _da(self):
+        return step_size_adaptation(self.target_accept, gamma=self.da_gamma, t0=self.da_t0, kappa=self.da_kappa)
+
+    def init(self, key, params=None, masks=None) -> MBNNState:
+        net = self.model.net
+        p0, m0 = net.init(key, self.model.x.dtype)
+        params = p0 if params is None else params
+        masks = m0 if masks is None else masks
+        da_init = self._da().init
+        dtype = self.model.x.dtype
+        return MBNNState(params, tuple(masks), jnp.asarray(self.sigma2_init, dtype),
+                         da_init(jnp.asarray(self.step_size, dtype)), jnp.zeros((), jnp.int32))
+
+    def step(self, key, state: MBNNState, adapt: bool = False, buckets=None):
+        model = self.model
+        k_hmc, k_mask, k_sigma = jax.random.split(key, 3)
+
+        def logdensity(theta):
+            return model.log_prior_theta(theta) + model.loglik(theta, state.masks, state.sigma2, buckets)[0]
+
+        params, da, eps, hinfo = hmc_step(k_hmc, state.params, logdensity, state.da, self._da(), adapt=adapt,
+                                          num_integration_steps=self.num_integration_steps, kernel=self.theta_kernel)
+
+        masks = state.masks
+        n_acc = births = deaths = jnp.zeros((), jnp.int32)
+        if model.masked and self.n_mh > 0:
+            # gradient-weighted births need d l / d m_j at inactive nodes: only the full-width pass has them
+            mbuckets = None if self.birth != "uniform" else buckets
+
+            def value_and_grad(ms):
+                return jax.value_and_grad(lambda m: model.loglik(params, m, state.sigma2, mbuckets)[0])(ms)
+
+            ll, grads = value_and_grad(masks)
+
+            def one_move(carry, k):
+                ms, ll, gs, na, nb, nd = carry
+                ms, ll, gs, info = mask_move(k, ms, ll, gs, value_and_grad, c=model.c, n_max=self.n_max,
+                                             birth=self.birth, death=self.death, authors_guard=self.authors_guard)
+                a = info.accepted.astype(jnp.int32)
+                return (ms, ll, gs, na + a, nb + a * (~info.death), nd + a * info.death), None
+
+            (masks, _, _, n_acc, births, deaths), _ = jax.lax.scan(
+                one_move, (masks, ll, grads, n_acc, births, deaths), jax.random.split(k_mask, self.n_mh))
+
+        ll, sse = model.loglik(params, masks, state.sigma2, buckets)
+        sigma2 = state.sigma2
+        if model.likelihood == "gaussian":
+            a, b = model.sigma2_prior
+            sigma2 = gibbs_sigma2(k_sigma, sse, model.n, a, b).astype(sigma2.dtype)
+        active = jnp.stack([jnp.sum(m) for m in masks]).astype(jnp.int32)
+        info = MBNNInfo(hmc_acceptance=hinfo.acceptance_rate, hmc_accepted=hinfo.is_accepted, divergent=hinfo.is_divergent,
+                        step_size=eps, mask_accepted=n_acc, births=births, deaths=deaths, active=active,
+                        sigma2=sigma2, loglik=ll)
+        return MBNNState(params, masks, sigma2, da, state.iteration + 1), info
+
+    def step_chains(self, keys, states, adapt: bool, buckets):
+        """``vmap`` of ``step`` over a leading chain axis, compiled once per ``(adapt, buckets)``."""
+        fn = self._compiled.get((adapt, buckets))
+        if fn is None:
+            fn = jax.jit(jax.vmap(lambda k, s: self.step(k, s, adapt, buckets)))
+            self._compiled[(adapt, buckets)] = fn
+        return fn(keys, states)
+
+
+def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size: float | None = None,
+                 n_mh: int = 10, n_max: int = 3, birth: str = "uniform", death: str = "sensitivity",
+                 authors_guard: bool = False, theta_kernel: str = "hmc", target_accept: float = 0.7,
+                 da_gamma: float = 0.2, da_t0: float = 10.0, da_kappa: float = 0.75,
+                 sigma2_init: float = 1.0) -> MBNNSampler:
+    """Build the sampler. ``step_size`` defaults to the authors' ``1e-2 / n`` (UCI)."""
+    check_proposals(birth, death, n_max)
+    if theta_kernel not in ("hmc", "nuts"):
+        raise ValueError(f"mbnn_sampler: theta_kernel must be 'hmc' or 'nuts', got {theta_kernel!r}")
+    if int(num_integration_steps) < 1:
+        raise ValueError(f"mbnn_sampler: num_integration_steps must be >= 1, got {num_integration_steps}")
+    if int(n_mh) < 0:
+        raise ValueError(f"mbnn_sampler: n_mh must be >= 0, got {n_mh}")
+    step_size = 1e-2 / model.n if step_size is None else float(step_size)
+    if not step_size > 0:
+        raise ValueError(f"mbnn_sampler: step_size must be > 0, got {step_size}")
+    if not 0 < target_accept < 1:
+        raise ValueError(f"mbnn_sampler: target_accept must be in (0, 1), got {target_accept}")
+    if not sigma2_init > 0:
+        raise ValueError(f"mbnn_sampler: sigma2_init must be > 0, got {sigma2_init}")
+    return MBNNSampler(model, int(num_integration_steps), step_size, int(n_mh) if model.masked else 0, int(n_max),
+                       birth, death, bool(authors_guard), theta_kernel, float(target_accept), float(da_gamma),
+                       float(da_t0), float(da_kappa), float(sigma2_init))
+
+
+# ---------------------------------------------------------------------------
+# running many chains
+# ---------------------------------------------------------------------------
+
+class SampleResult(NamedTuple):
+    draws: dict  # name -> array (chains, num_samples, ...)
+    traces: dict  # MBNNInfo field -> array (chains, iterations, ...)
+    state: MBNNState  # final state
+    seconds: float  # sampling wall time (this process; resumed runs add up)
+    iterations: int
+
+
+def _to_host(tree):
+    return jax.tree_util.tree_map(np.asarray, tree)
+
+
+def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 400, num_samples: int = 20,
+           thinning: int = 200, functions: dict[str, Callable] | None = None, compact: bool = True,
+           checkpoint: str | None = None, checkpoint_every: float = 60.0, progress: bool = True,
+           init_state: MBNNState | None = None) -> SampleResult:
+    """Run ``num_chains`` chains: burn-in (step size adapted), then ``num_samples`` draws every ``thinning`` iterations.
+
+    functions: ``name -> fn(params, masks, sigma2, buckets)`` evaluated per chain at every kept draw (e.g. test
+    predictions); their outputs are stacked into ``draws[name]``, with ``sigma2`` and ``active`` always kept.
+    compact: run the compacted computation with power-of-two buckets (results equal the full-width run).
+    checkpoint: a file path; the run state is saved there every ``checkpoint_every`` seconds and at the end, and
+    a run started with the same path resumes from it.
+    """
+    if num_chains < 1 or num_burnin < 0 or num_samples < 1 or thinning < 1:
+        raise ValueError("sample: need num_chains >= 1, num_burnin >= 0, num_samples >= 1, thinning >= 1")
+    functions = dict(functions or {})
+    total = num_burnin + num_samples * thinning
+    widths = sampler.model.net.widths
+    done, seconds = 0, 0.0
+    draws = {k: [] for k in ["sigma2", "active", *functions]}
+    traces: list = []
+    if checkpoint and os.path.exists(checkpoint):
+        with open(checkpoint, "rb") as fh:
+            saved = pickle.load(fh)
+        if saved["config"] != _config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions)):
+            raise ValueError(f"sample: checkpoint {checkpoint} was written with other settings; remove it to restart")
+        states, key, done, seconds, draws, traces = (jax.tree_util.tree_map(jnp.asarray, saved["state"]),
+                                                     jnp.asarray(saved["key"]), saved["done"], saved["seconds"],
+                                                     saved["draws"], saved["traces"])
+    elif init_state is not None:
+        states = init_state
+    else:
+        key, k_init = jax.random.split(key)
+        states = jax.vmap(sampler.init)(jax.random.split(k_init, num_chains))
+
+    evals = {}
+
+    def evaluate(states, buckets):
+        fn = evals.get(buckets)
+        if fn is None:
+            def one(s):
+                out = {k: f(s.params, s.masks, s.sigma2, buckets) for k, f in functions.items()}
+                out["sigma2"] = s.sigma2
+                out["active"] = jnp.stack([jnp.sum(m) for m in s.masks]).astype(jnp.int32)
+                return out
+            fn = evals[buckets] = jax.jit(jax.vmap(one))
+        return fn(states)
+
+    def save():
+        if not checkpoint:
+            return
+        tmp = checkpoint + ".tmp"
+        with open(tmp, "wb") as fh:
+            pickle.dump(dict(config=_config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions)),
+                             state=_to_host(states), key=np.asarray(key), done=done, seconds=seconds,
+                             draws=draws, traces=traces), fh)
+        os.replace(tmp, checkpoint)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=total, initial=done, desc="mBNN" if sampler.model.masked else "BNN", leave=False)
+    last_save = time.perf_counter()
+    start = time.perf_counter() - seconds
+    try:
+        while done < total:
+            counts = np.asarray(jnp.stack([m.sum(-1) for m in states.masks], -1)).max(0)  # (L,) max over chains
+            buckets = bucket_sizes(counts, widths, slack=sampler.slack) if compact else None
+            next_key, k_step = jax.random.split(key)
+            states, info = sampler.step_chains(jax.random.split(k_step, num_chains), states, done < num_burnin,
+                                               buckets)
+            key = next_key  # advanced only with the state, so a checkpoint pairs them
+            info = _to_host(info)
+            if not np.all(np.isfinite(info.loglik)):
+                raise FloatingPointError(f"sample: non-finite log-likelihood at iteration {done} "
+                                         f"(chains {np.flatnonzero(~np.isfinite(info.loglik)).tolist()})")
+            traces.append(info)
+            done += 1
+            if done > num_burnin and (done - num_burnin) % thinning == 0:
+                counts = np.asarray(jnp.stack([m.sum(-1) for m in states.masks], -1)).max(0)
+                out = _to_host(evaluate(states, bucket_sizes(counts, widths) if compact else None))
+                for k, v in out.items():
+                    draws[k].append(v)
+            seconds = time.perf_counter() - start
+            if bar is not None:
+                bar.update()
+                bar.set_postfix(active=tuple(int(a) for a in info.active.mean(0)),
+                                acc=f"{info.hmc_acceptance.mean():.2f}", eps=f"{info.step_size.mean():.1e}")
+            if checkpoint and time.perf_counter() - last_save > checkpoint_every:
+                save()
+                last_save = time.perf_counter()
+    finally:  # also on interruption: the saved state is the last completed iteration
+        if bar is not None:
+            bar.close()
+        save()
+    stacked_draws = {k: np.stack(v, axis=1) for k, v in draws.items()}
+    stacked_traces = {f: np.stack([getattr(t, f) for t in traces], axis=1) for f in MBNNInfo._fields}
+    return SampleResult(stacked_draws, stacked_traces, states, seconds, done)
+
+
+def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_names):
+    s = sampler
+    return dict(net=tuple(s.model.net), n=s.model.n, lik=s.model.likelihood, scale=s.model.prior_scale,
+                lam=s.model.lam, sigma2_prior=tuple(s.model.sigma2_prior), K=s.num_integration_steps,
+                eps=s.step_size, n_mh=s.n_mh, n_max=s.n_max, birth=s.birth, death=s.death, guard=s.authors_guard,
+                kernel=s.theta_kernel, chains=num_chains, burnin=num_burnin, samples=num_samples,
+                thinning=thinning, functions=tuple(function_names))

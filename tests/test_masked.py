@@ -1,0 +1,302 @@
+"""Masked BNNs: exactness of the mask moves (enumeration + chi-square), HMC on a conjugate model, compaction."""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import special, stats
+
+from finite.masked import (bucket_sizes, cauchy_log_prior, gibbs_sigma2, log_mask_prior, mask_prior_strength,
+                           masked_mlp)
+from samplers.hmc import hmc_step, step_size_adaptation
+from samplers.masks import log_set_probability, mask_move
+from samplers.mbnn import MaskedBNN, mbnn_sampler, sample
+
+
+def _tiny_problem(seed=0):
+    rng = np.random.default_rng(seed)
+    net = masked_mlp(1, (3, 2), (3, 2))
+    params, _ = net.init(jax.random.PRNGKey(seed), jnp.float64)
+    params = jax.tree_util.tree_map(lambda p: 1.5 * p, params)
+    x = rng.uniform(-2, 2, (8, 1))
+    full = tuple(jnp.ones(p) for p in net.widths)
+    y = np.asarray(net.apply(params, full, jnp.asarray(x)))[:, 0] + 0.3 * rng.normal(size=8)
+    model = MaskedBNN(net, x, y, prior_scale=1.0, lam=0.5, sigma2_prior=(1.0, 1.0))
+    return net, params, model
+
+
+def _states(widths):
+    per_layer = [[m for m in itertools.product((0.0, 1.0), repeat=p) if sum(m) >= 1] for p in widths]
+    return list(itertools.product(*per_layer))
+
+
+def _exact_posterior(model, params, sigma2, c):
+    states = _states(model.net.widths)
+    logp = []
+    for st in states:
+        masks = tuple(jnp.asarray(m) for m in st)
+        logp.append(float(model.loglik(params, masks, sigma2)[0] + log_mask_prior(masks, c)))
+    logp = np.asarray(logp)
+    return states, np.exp(logp - special.logsumexp(logp))
+
+
+def _run_mask_chains(model, params, sigma2, c, init_idx, states, moves, birth, death, key):
+    def vg(ms):
+        return jax.value_and_grad(lambda m: model.loglik(params, m, sigma2)[0])(ms)
+
+    init = [jnp.asarray(np.array([states[i][l] for i in init_idx])) for l in range(len(model.net.widths))]
+
+    def chain(k, *masks):
+        ll, g = vg(tuple(masks))
+
+        def body(carry, kk):
+            ms, ll, g = carry
+            ms, ll, g, info = mask_move(kk, ms, ll, g, vg, c=c, n_max=3, birth=birth, death=death)
+            return (ms, ll, g), info.accepted
+
+        (ms, _, _), acc = jax.lax.scan(body, (tuple(masks), ll, g), jax.random.split(k, moves))
+        return ms, acc.mean()
+
+    keys = jax.random.split(key, len(init_idx))
+    return jax.jit(jax.vmap(chain))(keys, *init)
+
+
+@pytest.mark.parametrize("birth,death", [("uniform", "sensitivity"), ("informed", "informed"),
+                                         ("sensitivity", "uniform")])
+def test_mask_moves_leave_exact_conditional_invariant(birth, death):
+    """Chains started from the exact mask posterior (theta fixed) must still follow it after 40 moves.
+
+    4,000 independent chains, so their end states are iid; a chi-square test at level 1e-3. The second
+    assertion shows the test's power: the same counts reject a target whose prior strength is doubled.
+    """
+    net, params, model = _tiny_problem()
+    sigma2, c = jnp.asarray(0.5), 0.3
+    states, probs = _exact_posterior(model, params, sigma2, c)
+    rng = np.random.default_rng(1)
+    n = 4000
+    init_idx = rng.choice(len(states), size=n, p=probs)
+    masks, acc = _run_mask_chains(model, params, sigma2, c, init_idx, states, 40, birth, death,
+                                  jax.random.PRNGKey(2))
+    assert float(acc.mean()) > 0.05, "the moves must actually move"
+    index = {tuple(tuple(float(v) for v in m) for m in st): i for i, st in enumerate(states)}
+    ends = [index[tuple(tuple(float(v) for v in np.asarray(masks[l][k])) for l in range(2))] for k in range(n)]
+    counts = np.bincount(ends, minlength=len(states))
+
+    def chi2_p(p):
+        exp = n * p
+        keep = exp >= 5
+        obs = np.append(counts[keep], counts[~keep].sum())
+        e = np.append(exp[keep], exp[~keep].sum())
+        if e[-1] == 0:
+            obs, e = obs[:-1], e[:-1]
+        return stats.chisquare(obs, e * obs.sum() / e.sum()).pvalue
+
+    assert chi2_p(probs) > 1e-3
+    _, wrong = _exact_posterior(model, params, sigma2, 2 * c)
+    assert chi2_p(wrong) < 1e-6
+
+
+def test_set_probability_matches_brute_force_and_sums_to_one():
+    rng = np.random.default_rng(0)
+    q = rng.dirichlet(np.ones(6))
+    q[4] = 0.0  # an ineligible entry
+    q /= q.sum()
+    logq = jnp.log(jnp.asarray(q))
+    for size in (1, 2, 3):
+        total = 0.0
+        for s in itertools.combinations([0, 1, 2, 3, 5], size):
+            brute = 0.0
+            for perm in itertools.permutations(s):
+                p, left = 1.0, 1.0
+                for j in perm:
+                    p *= q[j] / left
+                    left -= q[j]
+                brute += p
+            idx = jnp.asarray(list(s) + [4] * (3 - size))
+            got = float(jnp.exp(log_set_probability(logq, idx, size, 3)))
+            assert got == pytest.approx(brute, rel=1e-10)
+            total += got
+        assert total == pytest.approx(1.0, rel=1e-10)
+
+
+def test_mask_prior_closed_form():
+    c = mask_prior_strength(0.1, 455)
+    assert c == pytest.approx((0.1 * math.log(455)) ** 5)
+    masks = (jnp.asarray([1.0, 1.0, 0.0, 0.0, 1.0]), jnp.asarray([0.0, 1.0, 0.0]))
+    expect = -c * 9 - math.log(special.comb(5, 3)) - c * 1 - math.log(special.comb(3, 1))
+    assert float(log_mask_prior(masks, c)) == pytest.approx(expect, rel=1e-12)
+    assert float(log_mask_prior((jnp.zeros(4), jnp.ones(2)), c)) == -np.inf
+    with pytest.raises(ValueError, match="lambda"):
+        mask_prior_strength(-0.1, 10)
+
+
+def test_cauchy_prior_and_sigma_gibbs_against_scipy():
+    params = ((jnp.asarray([[0.3, -2.0]]), jnp.asarray([0.1, 5.0])),)
+    expect = stats.cauchy(scale=0.7).logpdf(np.array([0.3, -2.0, 0.1, 5.0])).sum()
+    assert float(cauchy_log_prior(params, 0.7)) == pytest.approx(expect, rel=1e-12)
+    draws = jax.vmap(lambda k: gibbs_sigma2(k, jnp.asarray(12.0), 20, 1.0, 2.0))(
+        jax.random.split(jax.random.PRNGKey(0), 4000))
+    ks = stats.kstest(np.asarray(draws), stats.invgamma(1.0 + 10.0, scale=2.0 + 6.0).cdf)
+    assert ks.pvalue > 1e-3
+
+
+def test_hmc_step_on_conjugate_gaussian_regression():
+    """BlackJAX HMC + dual averaging through `hmc_step` recovers a Bayesian linear regression posterior."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 3))
+    y = X @ np.array([1.0, -0.5, 0.2]) + 0.5 * rng.normal(size=30)
+    prec = np.eye(3) + X.T @ X / 0.25
+    cov = np.linalg.inv(prec)
+    mean = cov @ X.T @ y / 0.25
+    Xj, yj = jnp.asarray(X), jnp.asarray(y)
+
+    def logdensity(w):
+        return -0.5 * jnp.sum(w["w"] ** 2) - 0.5 * jnp.sum((yj - Xj @ w["w"]) ** 2) / 0.25
+
+    adaptation = step_size_adaptation(0.7)
+
+    def run(key):
+        def body(carry, inp):
+            pos, da = carry
+            k, adapt = inp
+            pos_a, da_a, eps, info = hmc_step(k, pos, logdensity, da, adaptation, adapt=True, num_integration_steps=5)
+            pos_f, da_f, eps_f, info_f = hmc_step(k, pos, logdensity, da, adaptation, adapt=False,
+                                                 num_integration_steps=5)
+            pos, da = jax.tree_util.tree_map(lambda a, b: jnp.where(adapt, a, b), (pos_a, da_a), (pos_f, da_f))
+            return (pos, da), (pos["w"], jnp.where(adapt, info.acceptance_rate, info_f.acceptance_rate))
+
+        steps = 2500
+        adapt = jnp.arange(steps) < 500
+        (_, _), (ws, acc) = jax.lax.scan(body, ({"w": jnp.zeros(3)}, adaptation.init(0.5)),
+                                         (jax.random.split(key, steps), adapt))
+        return ws[500:], acc[500:]
+
+    ws, acc = jax.jit(jax.vmap(run))(jax.random.split(jax.random.PRNGKey(0), 4))
+    from blackjax.diagnostics import effective_sample_size
+    ess = np.asarray(effective_sample_size(ws, chain_axis=0, sample_axis=1))
+    flat = np.asarray(ws).reshape(-1, 3)
+    se = np.sqrt(np.diag(cov) / ess)
+    assert np.all(np.abs(flat.mean(0) - mean) < 4.5 * se)
+    np.testing.assert_allclose(np.cov(flat.T), cov, rtol=0.15, atol=0.1 * np.max(np.diag(cov)))
+    assert 0.55 < float(acc.mean()) < 0.9
+
+
+def test_compact_forward_equals_full_width():
+    net = masked_mlp(4, (40, 30), (40, 30))
+    params, _ = net.init(jax.random.PRNGKey(0), jnp.float64)
+    rng = np.random.default_rng(0)
+    masks = (jnp.asarray((rng.random(40) < 0.2).astype(float)), jnp.asarray((rng.random(30) < 0.3).astype(float)))
+    x = jnp.asarray(rng.normal(size=(7, 4)))
+    buckets = bucket_sizes([int(m.sum()) for m in masks], net.widths, minimum=4)
+    assert buckets is not None and all(b is not None and b < p for b, p in zip(buckets, net.widths))
+
+    def loss(p, m, b):
+        return jnp.sum(jnp.sin(net.apply(p, m, x, b)))
+
+    full, compact = loss(params, masks, None), loss(params, masks, buckets)
+    assert float(compact) == pytest.approx(float(full), rel=1e-12)
+    gp_full, gm_full = jax.grad(loss, argnums=(0, 1))(params, masks, None)
+    gp_c, gm_c = jax.grad(loss, argnums=(0, 1))(params, masks, buckets)
+    for a, b in zip(jax.tree_util.tree_leaves(gp_full), jax.tree_util.tree_leaves(gp_c)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-10, atol=1e-12)
+    for m, a, b in zip(masks, gm_full, gm_c):
+        on = np.asarray(m) > 0
+        np.testing.assert_allclose(np.asarray(b)[on], np.asarray(a)[on], rtol=1e-10, atol=1e-12)
+    # one layer at full width, the other compacted
+    mixed = (None, buckets[1])
+    assert float(loss(params, masks, mixed)) == pytest.approx(float(full), rel=1e-12)
+
+
+def _poly_model(width=24, n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-4, 4, (n, 1))
+    y = x[:, 0] ** 3 / 10 + rng.normal(size=n)
+    net = masked_mlp(1, (width, width), (width - 4, width - 4))
+    return MaskedBNN(net, x, y, prior_scale=0.5, lam=0.3, sigma2_prior=(1.0, 1.0))
+
+
+def test_sampler_compact_chain_equals_full_width_chain():
+    model = _poly_model()
+    sampler = mbnn_sampler(model, num_integration_steps=5, step_size=1e-2, n_mh=4)
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    s_full = s_comp = jax.vmap(sampler.init)(keys)
+    for t in range(8):
+        k = jax.random.split(jax.random.PRNGKey(100 + t), 2)
+        counts = np.asarray(jnp.stack([m.sum(-1) for m in s_comp.masks], -1)).max(0)
+        buckets = bucket_sizes(counts, model.net.widths, slack=sampler.slack, minimum=4)
+        s_full, i_full = sampler.step_chains(k, s_full, t < 4, None)
+        s_comp, i_comp = sampler.step_chains(k, s_comp, t < 4, buckets)
+        for a, b in zip(jax.tree_util.tree_leaves(s_full), jax.tree_util.tree_leaves(s_comp)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-10)
+    assert int(np.asarray(i_full.active).min()) < 20  # the masks did change along the way
+
+
+def test_sample_resumes_from_checkpoint(tmp_path, monkeypatch):
+    model = _poly_model()
+    kw = dict(num_chains=2, num_burnin=4, num_samples=3, thinning=2, progress=False)
+    xt = jnp.linspace(-4, 4, 5)[:, None]
+    fns = {"f": lambda p, m, s2, b: model.net.apply(p, m, xt, b)[:, 0]}
+    ref = sample(mbnn_sampler(model, num_integration_steps=3, n_mh=2), jax.random.PRNGKey(0), functions=fns, **kw)
+    sampler = mbnn_sampler(model, num_integration_steps=3, n_mh=2)
+    path = str(tmp_path / "chk.pkl")
+    calls = {"n": 0}
+    original = type(sampler).step_chains
+
+    def flaky(self, *a):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return original(self, *a)
+
+    monkeypatch.setattr(type(sampler), "step_chains", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        sample(sampler, jax.random.PRNGKey(0), functions=fns, checkpoint=path, **kw)
+    monkeypatch.setattr(type(sampler), "step_chains", original)
+    resumed = sample(sampler, jax.random.PRNGKey(0), functions=fns, checkpoint=path, **kw)
+    assert resumed.iterations == ref.iterations == 10
+    for k in ref.draws:
+        np.testing.assert_allclose(resumed.draws[k], ref.draws[k], rtol=1e-10)
+    with pytest.raises(ValueError, match="other settings"):
+        sample(sampler, jax.random.PRNGKey(0), functions=fns, checkpoint=path, **{**kw, "thinning": 3})
+
+
+def test_authors_guard_keeps_layers_above_two_n_max():
+    model = _poly_model(width=10, n=12)
+    model = MaskedBNN(model.net._replace(active=(8, 8)), model.x, model.y, prior_scale=0.5, lam=0.6)
+    sampler = mbnn_sampler(model, num_integration_steps=2, n_mh=10, authors_guard=True)
+    res = sample(sampler, jax.random.PRNGKey(3), num_chains=2, num_burnin=0, num_samples=30, thinning=1,
+                 progress=False, compact=False)
+    assert res.traces["active"].min() >= 6  # deaths stop at 2 N_max, births below it are dropped
+    free = sample(mbnn_sampler(model, num_integration_steps=2, n_mh=10), jax.random.PRNGKey(3), num_chains=2,
+                  num_burnin=0, num_samples=30, thinning=1, progress=False, compact=False)
+    assert free.traces["active"].min() < 6  # the strong prior (lambda 0.6) prunes further without the guard
+
+
+def test_bad_input_is_rejected():
+    net = masked_mlp(2, (5, 5), (4, 4))
+    x, y = np.zeros((6, 2)), np.zeros(6)
+    with pytest.raises(ValueError, match="active"):
+        masked_mlp(2, (5, 5), (6, 4))
+    with pytest.raises(ValueError, match="x must have shape"):
+        MaskedBNN(net, np.zeros((6, 3)), y)
+    with pytest.raises(ValueError, match="NaN"):
+        MaskedBNN(net, np.full((6, 2), np.nan), y)
+    with pytest.raises(ValueError, match="prior_scale"):
+        MaskedBNN(net, x, y, prior_scale=-1.0)
+    with pytest.raises(ValueError, match="sigma2_prior"):
+        MaskedBNN(net, x, y, sigma2_prior=(1.0, 0.0))
+    with pytest.raises(ValueError, match="every node must be active"):
+        MaskedBNN(net, x, y, lam=None)
+    with pytest.raises(ValueError, match="labels"):
+        MaskedBNN(masked_mlp(2, (5,), out_dim=3), x, np.full(6, 3), likelihood="categorical")
+    model = MaskedBNN(net, x, y)
+    with pytest.raises(ValueError, match="death proposal"):
+        mbnn_sampler(model, death="gradient")
+    with pytest.raises(ValueError, match="step_size"):
+        mbnn_sampler(model, step_size=-1.0)
+    params, masks = net.init(jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="no active node"):
+        net.check(params, (jnp.zeros(5), masks[1]))
