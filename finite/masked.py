@@ -52,6 +52,13 @@ __all__ = [
     "categorical_loglik",
     "gibbs_sigma2",
     "active_counts",
+    "EffectiveIndex",
+    "effective_index",
+    "gather_effective",
+    "scatter_effective",
+    "apply_effective",
+    "effective_validity",
+    "ineffective_masks",
     "bucket_sizes",
 ]
 
@@ -169,6 +176,125 @@ def _forward(params, masks, x, buckets=None):
             prev_idx = idx
     W, b = params[-1]
     return h @ (W if prev_idx is None else W[prev_idx]) + b
+
+
+class EffectiveIndex(NamedTuple):
+    """Per hidden layer: ``idx`` (B_l,) the active nodes first, then pads, and ``valid`` (B_l,) marking real ones.
+
+    Pads point at an inactive node (or node 0 when none is inactive, which
+    only happens when ``B_l`` equals the count), so that writing a block back
+    with its pads restored never races with a real entry.
+    """
+
+    idx: tuple
+    valid: tuple
+
+
+def effective_index(masks, buckets=None) -> EffectiveIndex:
+    """Indices of the active nodes, padded to ``buckets[l]`` (``None``: the physical width)."""
+    idxs, valids = [], []
+    for l, m in enumerate(masks):
+        p = m.shape[0]
+        B = p if buckets is None or buckets[l] is None else min(int(buckets[l]), p)
+        on = jax.lax.stop_gradient(m) > 0.5
+        pad = jnp.argmin(on)  # first inactive node (0 when all are active)
+        idxs.append(jnp.nonzero(on, size=B, fill_value=pad)[0])
+        valids.append(jnp.arange(B) < jnp.sum(on))
+    return EffectiveIndex(tuple(idxs), tuple(valids))
+
+
+def _block_index(index: EffectiveIndex, n_layers: int):
+    """``(rows, cols, row_valid, col_valid)`` per layer; ``None`` means all rows/cols (input or output side)."""
+    out = []
+    for k in range(n_layers + 1):
+        rows = None if k == 0 else index.idx[k - 1]
+        cols = None if k == n_layers else index.idx[k]
+        rv = None if k == 0 else index.valid[k - 1]
+        cv = None if k == n_layers else index.valid[k]
+        out.append((rows, cols, rv, cv))
+    return out
+
+
+def _take(W, rows, cols):
+    if rows is not None and cols is not None:
+        return W[rows[:, None], cols[None, :]]
+    if rows is not None:
+        return W[rows]
+    return W if cols is None else W[:, cols]
+
+
+def gather_effective(params, index: EffectiveIndex):
+    """The effective parameters ``theta_E``: weights and biases between active nodes, as dense blocks."""
+    blocks = []
+    for (W, b), (rows, cols, _, _) in zip(params, _block_index(index, len(index.idx))):
+        blocks.append((_take(W, rows, cols), b if cols is None else b[cols]))
+    return tuple(blocks)
+
+
+def effective_validity(index: EffectiveIndex, dtype=jnp.float32):
+    """0/1 arrays shaped like ``theta_E``: 1 for real entries, 0 for pads (excluded from the prior)."""
+    out = []
+    for (rows, cols, rv, cv), k in zip(_block_index(index, len(index.idx)), range(len(index.idx) + 1)):
+        r = None if rv is None else rv.astype(dtype)
+        c = None if cv is None else cv.astype(dtype)
+        if r is not None and c is not None:
+            wv = r[:, None] * c[None, :]
+        elif r is not None:
+            wv = r[:, None]
+        else:
+            wv = jnp.ones((1, 1), dtype) if c is None else c[None, :]
+        out.append((wv, jnp.ones((1,), dtype) if c is None else c))
+    return tuple(out)
+
+
+def scatter_effective(params, theta_e, index: EffectiveIndex):
+    """Write ``theta_E`` back into the full parameters (pads keep the stored values)."""
+    out = []
+    validity = effective_validity(index, params[0][0].dtype)
+    for (W, b), (We, be), (wv, bv), (rows, cols, _, _) in zip(params, theta_e, validity,
+                                                               _block_index(index, len(index.idx))):
+        We = jnp.where(wv > 0, We, _take(W, rows, cols))
+        if rows is not None and cols is not None:
+            W = W.at[rows[:, None], cols[None, :]].set(We)
+        elif rows is not None:
+            W = W.at[rows].set(We)
+        elif cols is not None:
+            W = W.at[:, cols].set(We)
+        else:
+            W = We
+        if cols is not None:
+            b = b.at[cols].set(jnp.where(bv > 0, be, b[cols]))
+        else:
+            b = be
+        out.append((W, b))
+    return tuple(out)
+
+
+def apply_effective(theta_e, masks, index: EffectiveIndex, x):
+    """The network output from ``theta_E`` alone (equal to ``apply`` on the full parameters)."""
+    h = x
+    for (W, b), m, idx, valid in zip(theta_e[:-1], masks, index.idx, index.valid):
+        h = masked_relu(h @ W + b, jnp.where(valid, m[idx], 0.0))
+    W, b = theta_e[-1]
+    return h @ W + b
+
+
+def ineffective_masks(masks, dtype=jnp.float32):
+    """0/1 arrays shaped like the parameters: 1 where an entry does not touch the likelihood."""
+    act = [None] + [m.astype(dtype) for m in masks] + [None]
+    out = []
+    for k in range(len(masks) + 1):
+        r, c = act[k], act[k + 1]
+        if r is None and c is None:
+            raise ValueError("ineffective_masks: a network with no hidden layer has no masks")
+        if r is None:
+            wm = jnp.broadcast_to(1.0 - c[None, :], (1, c.shape[0]))
+        elif c is None:
+            wm = (1.0 - r)[:, None]
+        else:
+            wm = 1.0 - r[:, None] * c[None, :]
+        out.append((wm, jnp.zeros((1,), dtype) if c is None else 1.0 - c))
+    return tuple(out)
 
 
 def active_counts(masks) -> tuple:

@@ -219,6 +219,7 @@ def _poly_model(width=24, n=12, seed=0):
 
 
 def test_sampler_compact_chain_equals_full_width_chain():
+    """The blocked, compacted iteration equals the one that evaluates the likelihood at full width."""
     model = _poly_model()
     sampler = mbnn_sampler(model, num_integration_steps=5, step_size=1e-2, n_mh=4)
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
@@ -227,8 +228,8 @@ def test_sampler_compact_chain_equals_full_width_chain():
         k = jax.random.split(jax.random.PRNGKey(100 + t), 2)
         counts = np.asarray(jnp.stack([m.sum(-1) for m in s_comp.masks], -1)).max(0)
         buckets = bucket_sizes(counts, model.net.widths, slack=sampler.slack, minimum=4)
-        s_full, i_full = sampler.step_chains(k, s_full, t < 4, None)
-        s_comp, i_comp = sampler.step_chains(k, s_comp, t < 4, buckets)
+        s_full, i_full = sampler.step_chains(k, s_full, t < 4, None, t % 2 == 0, True)
+        s_comp, i_comp = sampler.step_chains(k, s_comp, t < 4, buckets, t % 2 == 0, False)
         for a, b in zip(jax.tree_util.tree_leaves(s_full), jax.tree_util.tree_leaves(s_comp)):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-10)
     assert int(np.asarray(i_full.active).min()) < 20  # the masks did change along the way
@@ -300,3 +301,17 @@ def test_bad_input_is_rejected():
     params, masks = net.init(jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="no active node"):
         net.check(params, (jnp.zeros(5), masks[1]))
+
+
+def test_ineffective_refresh_keeps_cauchy_prior_and_effective_weights():
+    from samplers.mbnn import _cauchy_coordinate_hmc
+
+    theta = jnp.asarray(stats.cauchy(scale=0.5).rvs(size=(2000, 2), random_state=0))
+    where = jnp.asarray(np.tile([1.0, 0.0], (2000, 1)))
+    step = jax.jit(lambda k, t: _cauchy_coordinate_hmc(k, t, where, 0.5, 5, 0.5))
+    moved = theta
+    for i in range(30):
+        moved = step(jax.random.PRNGKey(i), moved)
+    np.testing.assert_array_equal(np.asarray(moved[:, 1]), np.asarray(theta[:, 1]))
+    assert np.mean(np.asarray(moved[:, 0]) != np.asarray(theta[:, 0])) > 0.5
+    assert stats.kstest(np.asarray(moved[:, 0]), stats.cauchy(scale=0.5).cdf).pvalue > 1e-3
