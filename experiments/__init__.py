@@ -11,4 +11,5 @@ EXPERIMENTS = {
     "convergence": "experiments.convergence",
     "theory": "experiments.theory",
     "uci-regression": "experiments.uci_regression",
+    "mbnn-polynomial": "experiments.mbnn_polynomial",
 }

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-__all__ = ["rmse", "mean_se", "compare_marker", "format_mean_se"]
+__all__ = ["rmse", "mean_se", "compare_marker", "format_mean_se", "mixture_nll", "mixture_crps", "mixture_interval",
+           "coverage"]
 
 
 def rmse(y, mean) -> float:
@@ -40,3 +41,78 @@ def compare_marker(ours: tuple[float, float], theirs: tuple[float, float], lower
     if m2 - m1 > gap:
         return "-"
     return ""
+
+
+# ---------------------------------------------------------------------------
+# equally weighted Gaussian mixtures (posterior-sample predictives)
+# ---------------------------------------------------------------------------
+
+def _mixture_args(mu, sigma, y=None):
+    mu, sigma = np.asarray(mu, float), np.asarray(sigma, float)
+    if mu.ndim != 2:
+        raise ValueError(f"mixture: mu must be (samples, points), got shape {mu.shape}")
+    sigma = np.broadcast_to(sigma.reshape(sigma.shape + (1,) * (2 - sigma.ndim)) if sigma.ndim < 2 else sigma,
+                            mu.shape)
+    if not np.all(sigma > 0):
+        raise ValueError("mixture: every sigma must be > 0")
+    if y is not None:
+        y = np.asarray(y, float).reshape(-1)
+        if y.shape[0] != mu.shape[1]:
+            raise ValueError(f"mixture: {y.shape[0]} targets for {mu.shape[1]} points")
+    return mu, sigma, y
+
+
+def mixture_nll(y, mu, sigma) -> float:
+    """Mean over points of ``-log (1/S) sum_s N(y_i; mu_si, sigma_si^2)`` (``mu`` is (S, n), ``sigma`` (S,) or (S, n))."""
+    from scipy.special import logsumexp
+
+    mu, sigma, y = _mixture_args(mu, sigma, y)
+    logp = -0.5 * ((y - mu) / sigma) ** 2 - np.log(sigma) - 0.5 * math.log(2 * math.pi)
+    return float(-np.mean(logsumexp(logp, axis=0) - math.log(mu.shape[0])))
+
+
+def mixture_crps(y, mu, sigma) -> float:
+    """Mean CRPS of the mixture, closed form (Grimit et al. 2006):
+    ``sum_m w_m A(y - mu_m, s_m^2) - 1/2 sum_mk w_m w_k A(mu_m - mu_k, s_m^2 + s_k^2)`` with
+    ``A(m, v) = 2 sqrt(v) phi(m / sqrt(v)) + m (2 Phi(m / sqrt(v)) - 1)``."""
+    from scipy.stats import norm
+
+    mu, sigma, y = _mixture_args(mu, sigma, y)
+
+    def A(m, v):
+        s = np.sqrt(v)
+        return 2 * s * norm.pdf(m / s) + m * (2 * norm.cdf(m / s) - 1)
+
+    S = mu.shape[0]
+    first = A(y - mu, sigma**2).mean(0)
+    second = np.zeros(mu.shape[1])
+    for m in range(S):  # S^2 pairs, one row at a time keeps memory at S x n
+        second += A(mu[m] - mu, sigma[m] ** 2 + sigma**2).sum(0)
+    return float(np.mean(first - 0.5 * second / S**2))
+
+
+def mixture_interval(mu, sigma, level: float = 0.95, tol: float = 1e-8):
+    """Equal-tailed ``level`` interval of the mixture at every point, by bisection on its CDF."""
+    from scipy.stats import norm
+
+    mu, sigma, _ = _mixture_args(mu, sigma)
+    if not 0 < level < 1:
+        raise ValueError(f"mixture_interval: level must be in (0, 1), got {level}")
+    out = []
+    for q in ((1 - level) / 2, (1 + level) / 2):
+        lo = (mu - 10 * sigma).min(0)
+        hi = (mu + 10 * sigma).max(0)
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            below = norm.cdf((mid - mu) / sigma).mean(0) < q
+            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+            if np.max(hi - lo) < tol * max(1.0, float(np.max(np.abs(mid)))):
+                break
+        out.append(0.5 * (lo + hi))
+    return out[0], out[1]
+
+
+def coverage(y, lo, hi) -> float:
+    """Fraction of ``y`` inside ``[lo, hi]``."""
+    y = np.asarray(y, float).reshape(-1)
+    return float(np.mean((y >= np.asarray(lo)) & (y <= np.asarray(hi))))

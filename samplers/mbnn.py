@@ -58,7 +58,7 @@ from finite.masked import (MaskedMLP, apply_effective, bucket_sizes, categorical
 from samplers.hmc import hmc_step, step_size_adaptation
 from samplers.masks import check_proposals, mask_move
 
-__all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "sample", "SampleResult"]
+__all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "sample", "SampleResult", "diagnostics"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -453,3 +453,39 @@ def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_nam
                 eps=s.step_size, n_mh=s.n_mh, n_max=s.n_max, birth=s.birth, death=s.death, guard=s.authors_guard,
                 kernel=s.theta_kernel, refresh=s.refresh_every, chains=num_chains, burnin=num_burnin, samples=num_samples,
                 thinning=thinning, functions=tuple(function_names))
+
+
+def diagnostics(result: SampleResult, num_burnin: int, keys=("sigma2",)) -> dict:
+    """Acceptance rates, step size, divergences, and R-hat / ESS (BlackJAX) of the kept draws named in ``keys``.
+
+    For an array-valued draw (e.g. test predictions) the worst R-hat (max) and
+    ESS (min) over its entries are reported. R-hat and ESS need >= 2 chains
+    and >= 4 draws per chain; otherwise they are NaN.
+    """
+    from blackjax.diagnostics import effective_sample_size, potential_scale_reduction
+
+    tr = result.traces
+    post = slice(num_burnin, None)
+    out = dict(
+        hmc_acceptance=float(np.mean(tr["hmc_acceptance"][:, post])) if tr["hmc_acceptance"][:, post].size else
+        float("nan"),
+        hmc_acceptance_burnin=float(np.mean(tr["hmc_acceptance"][:, :num_burnin])) if num_burnin else float("nan"),
+        step_size=float(np.mean(tr["step_size"][:, -1])),
+        divergences=int(np.sum(tr["divergent"][:, post])),
+        divergences_burnin=int(np.sum(tr["divergent"][:, :num_burnin])),
+        mask_acceptance=float(np.mean(tr["mask_accepted"])),  # accepted moves per iteration
+        final_active=np.mean(tr["active"][:, -1], axis=0).tolist(),
+        chains=int(tr["active"].shape[0]),
+        iterations=int(result.iterations),
+    )
+    for k in keys:
+        d = np.asarray(result.draws[k], float)
+        d = d.reshape(d.shape[0], d.shape[1], -1)
+        if d.shape[0] >= 2 and d.shape[1] >= 4:
+            rhat = np.asarray(potential_scale_reduction(jnp.asarray(d), chain_axis=0, sample_axis=1))
+            ess = np.asarray(effective_sample_size(jnp.asarray(d), chain_axis=0, sample_axis=1))
+            out[f"rhat_{k}"] = float(np.nanmax(rhat))
+            out[f"ess_{k}"] = float(np.nanmin(ess))
+        else:
+            out[f"rhat_{k}"] = out[f"ess_{k}"] = float("nan")
+    return out

@@ -94,3 +94,19 @@ def test_uci_regression_quick_two_sets_two_splits(tmp_path):
     # resumable: a rerun reads the finished runs instead of recomputing them
     again = _run("uci-regression", "--quick", "--out", str(tmp_path))
     assert again.returncode == 0 and "wrote" in again.stdout
+
+
+def test_mbnn_polynomial_quick(tmp_path):
+    res = _run("mbnn-polynomial", "--quick", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    models = json.loads((tmp_path / "results.json").read_text())["results"]["models"]
+    assert set(models) == {"mbnn", "bnn"}
+    for name, m in models.items():
+        # y = x^3 + N(0, 9): a working posterior covers most test points and its RMSE is near the noise sd 3
+        assert 0.7 < m["coverage"] <= 1.0 and m["rmse"] < 8, (name, m)
+        assert m["diagnostics"]["chains"] == 2
+    assert models["mbnn"]["diagnostics"]["final_active"][0] < 50  # masks pruned from 50 active
+    assert (tmp_path / "polynomial_bands.png").stat().st_size > 1000
+    # a second run resumes from the finished checkpoints instead of sampling again
+    again = _run("mbnn-polynomial", "--quick", "--out", str(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:]

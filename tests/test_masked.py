@@ -315,3 +315,29 @@ def test_ineffective_refresh_keeps_cauchy_prior_and_effective_weights():
     np.testing.assert_array_equal(np.asarray(moved[:, 1]), np.asarray(theta[:, 1]))
     assert np.mean(np.asarray(moved[:, 0]) != np.asarray(theta[:, 0])) > 0.5
     assert stats.kstest(np.asarray(moved[:, 0]), stats.cauchy(scale=0.5).cdf).pvalue > 1e-3
+
+
+def test_mixture_metrics_against_numerical_integration():
+    from scipy import integrate
+
+    from experiments.metrics import coverage, mixture_crps, mixture_interval, mixture_nll
+
+    rng = np.random.default_rng(0)
+    mu = rng.normal(size=(4, 3))
+    sig = rng.uniform(0.3, 1.5, size=4)
+    y = np.array([0.2, -1.0, 2.5])
+    for i in range(3):
+        def cdf(t):
+            return np.mean(stats.norm.cdf((t - mu[:, i]) / sig))
+        crps = integrate.quad(lambda t: cdf(t) ** 2, -30, y[i], limit=200)[0] + \
+            integrate.quad(lambda t: (1 - cdf(t)) ** 2, y[i], 30, limit=200)[0]
+        assert mixture_crps(y[i:i + 1], mu[:, i:i + 1], sig) == pytest.approx(crps, rel=1e-6)
+        dens = np.mean(stats.norm.pdf(y[i], mu[:, i], sig))
+        assert mixture_nll(y[i:i + 1], mu[:, i:i + 1], sig) == pytest.approx(-np.log(dens), rel=1e-10)
+    lo, hi = mixture_interval(mu, sig, 0.9)
+    for i in range(3):
+        assert np.mean(stats.norm.cdf((lo[i] - mu[:, i]) / sig)) == pytest.approx(0.05, abs=1e-7)
+        assert np.mean(stats.norm.cdf((hi[i] - mu[:, i]) / sig)) == pytest.approx(0.95, abs=1e-7)
+    assert coverage([0.0, 5.0], [-1.0, -1.0], [1.0, 1.0]) == 0.5
+    with pytest.raises(ValueError, match="sigma"):
+        mixture_nll(y, mu, -sig)
