@@ -12,4 +12,6 @@ EXPERIMENTS = {
     "theory": "experiments.theory",
     "uci-regression": "experiments.uci_regression",
     "mbnn-polynomial": "experiments.mbnn_polynomial",
+    "mbnn-uci": "experiments.mbnn_uci",
+    "mbnn-ablation": "experiments.mbnn_ablation",
 }

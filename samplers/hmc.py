@@ -32,16 +32,19 @@ def step_size_adaptation(target_accept: float = 0.7, gamma: float = 0.2, t0: flo
     return StepSizeAdaptation(init, update)
 
 
-def hmc_step(key, position, logdensity: Callable, da_state, adaptation: StepSizeAdaptation, *, adapt: bool,
+def hmc_step(key, position, logdensity: Callable, da_state, adaptation: StepSizeAdaptation, *, adapt,
              num_integration_steps: int = 20, kernel: str = "hmc"):
     """One trajectory. Returns ``(position, da_state, step_size, info)`` with BlackJAX's HMC/NUTS info.
+
+    ``adapt`` may be traced (one compiled program serves burn-in and sampling).
 
     A trajectory whose acceptance probability is NaN counts as rejected
     (probability 0) in the step-size adaptation.
     """
     from blackjax.mcmc import hmc, nuts
 
-    eps = jnp.exp(da_state.log_step_size if adapt else da_state.log_step_size_avg)
+    adapt = jnp.asarray(adapt)
+    eps = jnp.exp(jnp.where(adapt, da_state.log_step_size, da_state.log_step_size_avg))
     leaves = jax.tree_util.tree_leaves(position)
     inv_mass = jnp.ones((sum(x.size for x in leaves),), leaves[0].dtype)
     state = hmc.init(position, logdensity)
@@ -52,6 +55,6 @@ def hmc_step(key, position, logdensity: Callable, da_state, adaptation: StepSize
     else:
         raise ValueError(f"hmc_step: kernel must be 'hmc' or 'nuts', got {kernel!r}")
     acc = jnp.where(jnp.isnan(info.acceptance_rate), 0.0, info.acceptance_rate)
-    if adapt:
-        da_state = adaptation.update(da_state, acc)
+    updated = adaptation.update(da_state, acc)
+    da_state = jax.tree_util.tree_map(lambda new, old: jnp.where(adapt, new, old), updated, da_state)
     return state.position, da_state, eps, info._replace(acceptance_rate=acc)

@@ -44,6 +44,7 @@ import dataclasses
 import os
 import pickle
 import time
+from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -52,7 +53,7 @@ import numpy as np
 
 import numpyro.distributions as dist
 
-from finite.masked import (MaskedMLP, apply_effective, bucket_sizes, categorical_loglik, cauchy_log_prior,
+from finite.masked import (MaskedMLP, apply_effective, bucket_sizes, next_buckets, categorical_loglik, cauchy_log_prior,
                            effective_index, effective_validity, gather_effective, gaussian_loglik, gibbs_sigma2,
                            ineffective_masks, mask_prior_strength, scatter_effective)
 from samplers.hmc import hmc_step, step_size_adaptation
@@ -124,12 +125,13 @@ class MaskedBNN:
     def c(self) -> float:
         return mask_prior_strength(self.lam, self.n) if self.masked else 0.0
 
-    def loglik(self, params, masks, sigma2, buckets=None):
-        """``(log p(y | theta, M, sigma^2), SSE)`` (SSE is 0 for classification)."""
-        return self.loglik_from_output(self.net.apply(params, masks, self.x, buckets), sigma2)
+    def loglik(self, params, masks, sigma2, buckets=None, data=None):
+        """``(log p(y | theta, M, sigma^2), SSE)`` (SSE is 0 for classification); ``data`` overrides ``(x, y)``."""
+        x = self.x if data is None else data[0]
+        return self.loglik_from_output(self.net.apply(params, masks, x, buckets), sigma2, data)
 
-    def loglik_from_output(self, f, sigma2):
-        y = self.y
+    def loglik_from_output(self, f, sigma2, data=None):
+        y = self.y if data is None else data[1]
         if self.likelihood == "gaussian":
             return gaussian_loglik(f[:, 0], y, sigma2)
         return categorical_loglik(f, y), jnp.zeros((), f.dtype)
@@ -159,6 +161,23 @@ class MBNNInfo(NamedTuple):
     loglik: jnp.ndarray
 
 
+_STEP_CACHE: "OrderedDict" = OrderedDict()
+_STEP_CACHE_SIZE = 16  # compiled programs kept; more exhausts XLA:CPU's code memory in long sessions
+
+
+def _cache_get(key):
+    fn = _STEP_CACHE.get(key)
+    if fn is not None:
+        _STEP_CACHE.move_to_end(key)
+    return fn
+
+
+def _cache_put(key, fn):
+    _STEP_CACHE[key] = fn
+    while len(_STEP_CACHE) > _STEP_CACHE_SIZE:
+        _STEP_CACHE.popitem(last=False)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class MBNNSampler:
     """``init(key, params=None, masks=None)`` and ``step(key, state, adapt, buckets)``; see the module docstring."""
@@ -179,9 +198,6 @@ class MBNNSampler:
     sigma2_init: float
     refresh_every: int
 
-    def __post_init__(self):
-        object.__setattr__(self, "_compiled", {})
-
     @property
     def slack(self) -> int:
         """Nodes one iteration's mask moves can add to a layer (the headroom a bucket needs)."""
@@ -200,12 +216,26 @@ class MBNNSampler:
         return MBNNState(params, tuple(masks), jnp.asarray(self.sigma2_init, dtype),
                          da_init(jnp.asarray(self.step_size, dtype)), jnp.zeros((), jnp.int32))
 
-    def step(self, key, state: MBNNState, adapt: bool = False, buckets=None, refresh: bool = True,
-             reference: bool = False):
-        """One iteration. Static arguments: ``adapt`` (burn-in step-size adaptation), ``buckets`` (compaction),
-        ``refresh`` (update the ineffective weights this iteration), ``reference`` (evaluate the likelihood at
-        full width from the scattered parameters: the slow path the compacted one is tested against)."""
+    def data(self):
+        """The traced inputs of ``step``: ``(x, y, b)`` with ``b`` the inverse-gamma scale of ``sigma^2``."""
+        m = self.model
+        return (m.x, m.y, jnp.asarray(m.sigma2_prior[1], m.x.dtype))
+
+    def _static_key(self):
+        m = self.model
+        return (m.net, m.likelihood, m.prior_scale, m.lam, m.n, tuple(m.x.shape), str(m.x.dtype), m.sigma2_prior[0],
+                self.num_integration_steps, self.n_mh, self.n_max, self.birth, self.death, self.authors_guard,
+                self.theta_kernel, self.target_accept, self.da_gamma, self.da_t0, self.da_kappa, self.refresh_every)
+
+    def step(self, key, state: MBNNState, adapt=False, buckets=None, refresh: bool = True,
+             reference: bool = False, data=None):
+        """One iteration. ``adapt`` (burn-in step-size adaptation) may be traced; static: ``buckets``
+        (compaction), ``refresh`` (update the ineffective weights this iteration), ``reference`` (evaluate the
+        likelihood at full width from the scattered parameters: the slow path the compacted one is tested
+        against)."""
         model = self.model
+        data = self.data() if data is None else data
+        xy = data[:2]
         k_hmc, k_mask, k_sigma, k_ref = jax.random.split(key, 4)
         dtype = state.sigma2.dtype
         index = effective_index(state.masks, buckets)
@@ -216,18 +246,17 @@ class MBNNSampler:
             lp = sum(jnp.sum(v * prior.log_prob(t)) for v, t in
                      zip(jax.tree_util.tree_leaves(validity), jax.tree_util.tree_leaves(theta_e)))
             if reference:
-                f = model.net.apply(scatter_effective(state.params, theta_e, index), state.masks, model.x)
+                f = model.net.apply(scatter_effective(state.params, theta_e, index), state.masks, xy[0])
             else:
-                f = apply_effective(theta_e, state.masks, index, model.x)
-            return lp + model.loglik_from_output(f, state.sigma2)[0]
+                f = apply_effective(theta_e, state.masks, index, xy[0])
+            return lp + model.loglik_from_output(f, state.sigma2, xy)[0]
 
         theta_e, da, eps, hinfo = hmc_step(k_hmc, gather_effective(state.params, index), logdensity, state.da,
                                            self._da(), adapt=adapt, num_integration_steps=self.num_integration_steps,
                                            kernel=self.theta_kernel)
         params = scatter_effective(state.params, theta_e, index)
-        if refresh and model.masked:
-            params = _cauchy_coordinate_hmc(k_ref, params, ineffective_masks(state.masks, dtype), eps,
-                                            self.num_integration_steps, model.prior_scale)
+        if refresh:
+            params = self.refresh(k_ref, params, state.masks, eps)
 
         masks = state.masks
         n_acc = births = deaths = jnp.zeros((), jnp.int32)
@@ -236,7 +265,7 @@ class MBNNSampler:
             mbuckets = None if self.birth != "uniform" else buckets
 
             def value_and_grad(ms):
-                return jax.value_and_grad(lambda m: model.loglik(params, m, state.sigma2, mbuckets)[0])(ms)
+                return jax.value_and_grad(lambda m: model.loglik(params, m, state.sigma2, mbuckets, xy)[0])(ms)
 
             ll, grads = value_and_grad(masks)
 
@@ -250,25 +279,44 @@ class MBNNSampler:
             (masks, _, _, n_acc, births, deaths), _ = jax.lax.scan(
                 one_move, (masks, ll, grads, n_acc, births, deaths), jax.random.split(k_mask, self.n_mh))
 
-        ll, sse = model.loglik(params, masks, state.sigma2, buckets)
+        ll, sse = model.loglik(params, masks, state.sigma2, buckets, xy)
         sigma2 = state.sigma2
         if model.likelihood == "gaussian":
-            a, b = model.sigma2_prior
-            sigma2 = gibbs_sigma2(k_sigma, sse, model.n, a, b).astype(sigma2.dtype)
+            sigma2 = gibbs_sigma2(k_sigma, sse, model.n, model.sigma2_prior[0], data[2]).astype(sigma2.dtype)
         active = jnp.stack([jnp.sum(m) for m in masks]).astype(jnp.int32)
         info = MBNNInfo(hmc_acceptance=hinfo.acceptance_rate, hmc_accepted=hinfo.is_accepted, divergent=hinfo.is_divergent,
                         step_size=eps, mask_accepted=n_acc, births=births, deaths=deaths, active=active,
                         sigma2=sigma2, loglik=ll)
         return MBNNState(params, masks, sigma2, da, state.iteration + 1), info
 
-    def step_chains(self, keys, states, adapt: bool, buckets, refresh: bool = True, reference: bool = False):
-        """``vmap`` of ``step`` over a leading chain axis, compiled once per static configuration."""
-        sig = (adapt, buckets, refresh, reference)
-        fn = self._compiled.get(sig)
-        if fn is None:
-            fn = jax.jit(jax.vmap(lambda k, s: self.step(k, s, *sig)))
-            self._compiled[sig] = fn
-        return fn(keys, states)
+    def refresh(self, key, params, masks, eps):
+        """Move the ineffective weights (those no active path uses) under their Cauchy prior."""
+        if not self.model.masked:
+            return params
+        dtype = jax.tree_util.tree_leaves(params)[0].dtype
+        return _cauchy_coordinate_hmc(key, params, ineffective_masks(masks, dtype), eps, self.num_integration_steps,
+                                      self.model.prior_scale)
+
+    def step_chains(self, keys, states, adapt, buckets, refresh: bool = True, reference: bool = False):
+        """``vmap`` of ``step`` over a leading chain axis (one compiled program per ``buckets``/``reference``).
+
+        ``refresh`` runs the ineffective-weight update as a separate program after the step (same law as
+        ``step(..., refresh=True)`` with another key), so it adds no variant to compile.
+        """
+        sig = (buckets, reference)
+        fn = _cache_get((self._static_key(), "step", sig))
+        if fn is None:  # shared by samplers that differ only in data (e.g. the splits of one data set)
+            fn = jax.jit(jax.vmap(lambda k, s, a, d: self.step(k, s, a, buckets, False, reference, data=d),
+                                  in_axes=(0, 0, None, None)))
+            _cache_put((self._static_key(), "step", sig), fn)
+        states, info = fn(keys, states, jnp.asarray(bool(adapt)), self.data())
+        if refresh and self.model.masked:
+            rf = _cache_get((self._static_key(), "refresh"))
+            if rf is None:
+                rf = jax.jit(jax.vmap(lambda k, s, e: s._replace(params=self.refresh(k, s.params, s.masks, e))))
+                _cache_put((self._static_key(), "refresh"), rf)
+            states = rf(jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys), states, info.step_size)
+        return states, info
 
 
 def _cauchy_coordinate_hmc(key, params, where, eps, num_steps: int, scale: float):
@@ -350,12 +398,14 @@ def _to_host(tree):
 def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 400, num_samples: int = 20,
            thinning: int = 200, functions: dict[str, Callable] | None = None, compact: bool = True,
            checkpoint: str | None = None, checkpoint_every: float = 60.0, progress: bool = True,
-           init_state: MBNNState | None = None) -> SampleResult:
+           init_state: MBNNState | None = None, restart_adaptation: bool = True) -> SampleResult:
     """Run ``num_chains`` chains: burn-in (step size adapted), then ``num_samples`` draws every ``thinning`` iterations.
 
     functions: ``name -> fn(params, masks, sigma2, buckets)`` evaluated per chain at every kept draw (e.g. test
     predictions); their outputs are stacked into ``draws[name]``, with ``sigma2`` and ``active`` always kept.
     compact: run the compacted computation with power-of-two buckets (results equal the full-width run).
+    restart_adaptation: restart the step-size dual averaging halfway through burn-in from the current step
+    (a second adaptation window, as Stan's windowed adaptation does); ``False`` is the authors' single window.
     checkpoint: a file path; the run state is saved there every ``checkpoint_every`` seconds and at the end, and
     a run started with the same path resumes from it.
     """
@@ -410,10 +460,16 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
         bar = tqdm(total=total, initial=done, desc="mBNN" if sampler.model.masked else "BNN", leave=False)
     last_save = time.perf_counter()
     start = time.perf_counter() - seconds
+    buckets = None
     try:
         while done < total:
             counts = np.asarray(jnp.stack([m.sum(-1) for m in states.masks], -1)).max(0)  # (L,) max over chains
-            buckets = bucket_sizes(counts, widths, slack=sampler.slack) if compact else None
+            buckets = next_buckets(buckets, counts, widths, slack=sampler.slack) if compact else None
+            if restart_adaptation and done == num_burnin // 2 and num_burnin >= 20:
+                # second adaptation window: the target sharpens as the chain leaves its start (sigma^2 falls,
+                # masks prune), and step sizes averaged over that transient are too large afterwards
+                da_init = sampler._da().init
+                states = states._replace(da=jax.vmap(lambda d: da_init(jnp.exp(d.log_step_size)))(states.da))
             next_key, k_step = jax.random.split(key)
             states, info = sampler.step_chains(jax.random.split(k_step, num_chains), states, done < num_burnin,
                                                buckets, done % sampler.refresh_every == 0)
@@ -425,8 +481,7 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
             traces.append(info)
             done += 1
             if done > num_burnin and (done - num_burnin) % thinning == 0:
-                counts = np.asarray(jnp.stack([m.sum(-1) for m in states.masks], -1)).max(0)
-                out = _to_host(evaluate(states, bucket_sizes(counts, widths) if compact else None))
+                out = _to_host(evaluate(states, buckets))  # the step's blocks hold the masks it returned
                 for k, v in out.items():
                     draws[k].append(v)
             seconds = time.perf_counter() - start

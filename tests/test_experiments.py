@@ -110,3 +110,19 @@ def test_mbnn_polynomial_quick(tmp_path):
     # a second run resumes from the finished checkpoints instead of sampling again
     again = _run("mbnn-polynomial", "--quick", "--out", str(tmp_path))
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
+    res = _run("mbnn-uci", "--quick", "--out", str(tmp_path / "uci"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "uci" / "results.json").read_text())["results"]["summary"]
+    assert set(summary["yacht"]) == {"bnn", "mbnn-0.1"}
+    for name, entry in summary["yacht"].items():
+        # yacht targets have std ~15: any working posterior predicts far better than the mean
+        assert entry["splits"] == 2 and entry["rmse"][0] < 5 and math.isfinite(entry["nll"][0]), (name, entry)
+    assert summary["yacht"]["mbnn-0.1"]["active"][0] < 40  # pruned from 40 active nodes
+    res = _run("mbnn-ablation", "--quick", "--out", str(tmp_path / "abl"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    final = json.loads((tmp_path / "abl" / "results.json").read_text())["results"]["final_ratio"]
+    assert len(final) == 9 and all(0 < r <= 1.1 for r in final.values())
+    assert (tmp_path / "abl" / "proposal_ablation.png").stat().st_size > 1000
