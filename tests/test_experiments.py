@@ -126,3 +126,11 @@ def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
     final = json.loads((tmp_path / "abl" / "results.json").read_text())["results"]["final_ratio"]
     assert len(final) == 9 and all(0 < r <= 1.1 for r in final.values())
     assert (tmp_path / "abl" / "proposal_ablation.png").stat().st_size > 1000
+
+
+def test_readme_masked_bnn_example_runs():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    block = text.split("## Masked Bayesian neural networks", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    res = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "(2, 20, 50) True" in res.stdout
