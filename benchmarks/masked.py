@@ -108,7 +108,8 @@ def main(argv=None):
         split_s = time.perf_counter() - t
         proj_mbnn = first_s + split_s * 79
         proj_bnn = times["full"] * 4400 * 80
-        out.update(first_split_seconds=first_s, split_seconds=split_s, split_metrics={k: cell[k] for k in ("rmse", "nll", "crps", "coverage")},
+        out.update(first_split_seconds=first_s, split_seconds=split_s,
+                   split_metrics={k: cell[k] for k in ("rmse", "nll", "crps", "coverage")},
                    split_active=cell["active"], projected_mbnn_protocol_hours=proj_mbnn / 3600,
                    projected_bnn_protocol_hours=proj_bnn / 3600)
         print(f"one Boston split, mBNN lambda 0.1, 4,400 iterations, 1 chain: {first_s:.0f} s with compilation, "

@@ -63,7 +63,10 @@ def _mixture_args(mu, sigma, y=None):
 
 
 def mixture_nll(y, mu, sigma) -> float:
-    """Mean over points of ``-log (1/S) sum_s N(y_i; mu_si, sigma_si^2)`` (``mu`` is (S, n), ``sigma`` (S,) or (S, n))."""
+    """Mean over points of ``-log (1/S) sum_s N(y_i; mu_si, sigma_si^2)``.
+
+    ``mu`` is (S, n); ``sigma`` is (S,) or (S, n).
+    """
     from scipy.special import logsumexp
 
     mu, sigma, y = _mixture_args(mu, sigma, y)

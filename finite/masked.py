@@ -31,7 +31,8 @@ Gibbs draw.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -116,7 +117,8 @@ class MaskedMLP(NamedTuple):
             raise ValueError(f"MaskedMLP: expected {self.num_layers + 1} (W, b) pairs, got {len(params)}")
         for k, ((W, b), fi, fo) in enumerate(zip(params, dims[:-1], dims[1:])):
             if tuple(W.shape) != (fi, fo) or tuple(b.shape) != (fo,):
-                raise ValueError(f"MaskedMLP: layer {k + 1} has W {W.shape}, b {b.shape}; expected ({fi}, {fo}), ({fo},)")
+                raise ValueError(f"MaskedMLP: layer {k + 1} has W {W.shape}, b {b.shape}; "
+                                 f"expected ({fi}, {fo}), ({fo},)")
         if len(masks) != self.num_layers:
             raise ValueError(f"MaskedMLP: expected {self.num_layers} masks, got {len(masks)}")
         for k, (m, p) in enumerate(zip(masks, self.widths)):
@@ -235,7 +237,7 @@ def gather_effective(params, index: EffectiveIndex):
 def effective_validity(index: EffectiveIndex, dtype=jnp.float32):
     """0/1 arrays shaped like ``theta_E``: 1 for real entries, 0 for pads (excluded from the prior)."""
     out = []
-    for (rows, cols, rv, cv), k in zip(_block_index(index, len(index.idx)), range(len(index.idx) + 1)):
+    for _, _, rv, cv in _block_index(index, len(index.idx)):
         r = None if rv is None else rv.astype(dtype)
         c = None if cv is None else cv.astype(dtype)
         if r is not None and c is not None:

@@ -10,7 +10,8 @@ burn-in (``adapt=True``) and read through its running average afterwards
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -35,7 +35,8 @@ longer targets the posterior) and is offered only to reproduce their numbers.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -154,7 +155,8 @@ def mask_move(key, masks, loglik, grads, value_and_grad: Callable, *, c: float, 
             return v, jnp.concatenate(g)
 
         ll_out, g_out = jax.lax.cond(accept & ~same, recompute,
-                                     lambda _: (jnp.where(accept, ll_new, loglik), jnp.where(accept, g_new_flat, gflat)),
+                                     lambda _: (jnp.where(accept, ll_new, loglik),
+                                                jnp.where(accept, g_new_flat, gflat)),
                                      None)
     else:
         final = jnp.where(accept, prop, flat)

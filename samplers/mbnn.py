@@ -45,17 +45,29 @@ import os
 import pickle
 import time
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import numpyro.distributions as dist
 
-from finite.masked import (MaskedMLP, apply_effective, bucket_sizes, next_buckets, categorical_loglik, cauchy_log_prior,
-                           effective_index, effective_validity, gather_effective, gaussian_loglik, gibbs_sigma2,
-                           ineffective_masks, mask_prior_strength, scatter_effective)
+from finite.masked import (
+    MaskedMLP,
+    apply_effective,
+    categorical_loglik,
+    cauchy_log_prior,
+    effective_index,
+    effective_validity,
+    gather_effective,
+    gaussian_loglik,
+    gibbs_sigma2,
+    ineffective_masks,
+    mask_prior_strength,
+    next_buckets,
+    scatter_effective,
+)
 from samplers.hmc import hmc_step, step_size_adaptation
 from samplers.masks import check_proposals, mask_move
 
@@ -161,7 +173,7 @@ class MBNNInfo(NamedTuple):
     loglik: jnp.ndarray
 
 
-_STEP_CACHE: "OrderedDict" = OrderedDict()
+_STEP_CACHE: OrderedDict = OrderedDict()
 _STEP_CACHE_SIZE = 16  # compiled programs kept; more exhausts XLA:CPU's code memory in long sessions
 
 
@@ -284,7 +296,8 @@ class MBNNSampler:
         if model.likelihood == "gaussian":
             sigma2 = gibbs_sigma2(k_sigma, sse, model.n, model.sigma2_prior[0], data[2]).astype(sigma2.dtype)
         active = jnp.stack([jnp.sum(m) for m in masks]).astype(jnp.int32)
-        info = MBNNInfo(hmc_acceptance=hinfo.acceptance_rate, hmc_accepted=hinfo.is_accepted, divergent=hinfo.is_divergent,
+        info = MBNNInfo(hmc_acceptance=hinfo.acceptance_rate, hmc_accepted=hinfo.is_accepted,
+                        divergent=hinfo.is_divergent,
                         step_size=eps, mask_accepted=n_acc, births=births, deaths=deaths, active=active,
                         sigma2=sigma2, loglik=ll)
         return MBNNState(params, masks, sigma2, da, state.iteration + 1), info
@@ -506,7 +519,8 @@ def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_nam
     return dict(net=tuple(s.model.net), n=s.model.n, lik=s.model.likelihood, scale=s.model.prior_scale,
                 lam=s.model.lam, sigma2_prior=tuple(s.model.sigma2_prior), K=s.num_integration_steps,
                 eps=s.step_size, n_mh=s.n_mh, n_max=s.n_max, birth=s.birth, death=s.death, guard=s.authors_guard,
-                kernel=s.theta_kernel, refresh=s.refresh_every, chains=num_chains, burnin=num_burnin, samples=num_samples,
+                kernel=s.theta_kernel, refresh=s.refresh_every, chains=num_chains, burnin=num_burnin,
+                samples=num_samples,
                 thinning=thinning, functions=tuple(function_names))
 
 

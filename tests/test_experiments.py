@@ -48,19 +48,22 @@ def test_convergence_quick_writes_results(tmp_path):
     assert (tmp_path / "convergence_histograms.png").stat().st_size > 1000
 
 
-def test_readme_kernels_example_runs():
+def _run_readme_example(section: str):
+    """Run the first python block under the README heading ``section``; return the finished process."""
     text = open(os.path.join(ROOT, "README.md")).read()
-    block = text.split("## Kernels", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    block = text.split(section, 1)[1].split("```python", 1)[1].split("```", 1)[0]
     res = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def test_readme_kernels_example_runs():
+    res = _run_readme_example("## Kernels")
     assert "(20, 100) (20, 100)" in res.stdout
 
 
 def test_readme_scale_mixture_example_runs():
-    text = open(os.path.join(ROOT, "README.md")).read()
-    block = text.split("## Scale mixtures of NNGPs", 1)[1].split("```python", 1)[1].split("```", 1)[0]
-    res = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = _run_readme_example("## Scale mixtures of NNGPs")
     df, lml, ess = (float(v) for v in res.stdout.split())
     assert df == 44.0 and math.isfinite(lml) and ess > 3000
 
@@ -129,8 +132,5 @@ def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
 
 
 def test_readme_masked_bnn_example_runs():
-    text = open(os.path.join(ROOT, "README.md")).read()
-    block = text.split("## Masked Bayesian neural networks", 1)[1].split("```python", 1)[1].split("```", 1)[0]
-    res = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = _run_readme_example("## Masked Bayesian neural networks")
     assert "(2, 20, 50) True" in res.stdout

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from finite.masked import (bucket_sizes, cauchy_log_prior, gibbs_sigma2, log_mask_prior, mask_prior_strength,
-                           masked_mlp)
+from finite.masked import bucket_sizes, cauchy_log_prior, gibbs_sigma2, log_mask_prior, mask_prior_strength, masked_mlp
 from samplers.hmc import hmc_step, step_size_adaptation
 from samplers.masks import log_set_probability, mask_move
 from samplers.mbnn import MaskedBNN, mbnn_sampler, sample
