@@ -119,7 +119,7 @@ def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
     res = _run("mbnn-uci", "--quick", "--out", str(tmp_path / "uci"))
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "uci" / "results.json").read_text())["results"]["summary"]
-    assert set(summary["yacht"]) == {"bnn", "mbnn-0.1"}
+    assert set(summary["yacht"]) == {"bnn", "nsvi", "mbnn-0.1"}
     for name, entry in summary["yacht"].items():
         # yacht targets have std ~15: any working posterior predicts far better than the mean
         assert entry["splits"] == 2 and entry["rmse"][0] < 5 and math.isfinite(entry["nll"][0]), (name, entry)
