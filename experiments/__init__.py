@@ -14,4 +14,5 @@ EXPERIMENTS = {
     "mbnn-polynomial": "experiments.mbnn_polynomial",
     "mbnn-uci": "experiments.mbnn_uci",
     "mbnn-ablation": "experiments.mbnn_ablation",
+    "mbnn-cnn": "experiments.mbnn_cnn",
 }

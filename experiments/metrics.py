@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 __all__ = ["rmse", "mean_se", "compare_marker", "format_mean_se", "mixture_nll", "mixture_crps", "mixture_interval",
-           "coverage"]
+           "coverage", "expected_calibration_error"]
 
 
 def rmse(y, mean) -> float:
@@ -119,3 +119,25 @@ def coverage(y, lo, hi) -> float:
     """Fraction of ``y`` inside ``[lo, hi]``."""
     y = np.asarray(y, float).reshape(-1)
     return float(np.mean((y >= np.asarray(lo)) & (y <= np.asarray(hi))))
+
+
+def expected_calibration_error(probs, labels, bins: int = 15) -> float:
+    """Top-label ECE with equal-width confidence bins: ``sum_b (n_b / n) |acc_b - conf_b|``.
+
+    (The masked-BNN paper's numbers come from the ``uncertainty-calibration`` package's debiased marginal
+    l2 estimator, a different quantity; this is the common definition.)
+    """
+    probs = np.asarray(probs, float)
+    labels = np.asarray(labels).reshape(-1)
+    if probs.ndim != 2 or probs.shape[0] != labels.shape[0]:
+        raise ValueError(f"ece: probs must be (n, classes) with n = len(labels), got {probs.shape}")
+    conf = probs.max(1)
+    correct = probs.argmax(1) == labels
+    edges = np.linspace(0, 1, bins + 1)
+    which = np.clip(np.digitize(conf, edges[1:-1]), 0, bins - 1)
+    total = 0.0
+    for b in range(bins):
+        sel = which == b
+        if sel.any():
+            total += sel.mean() * abs(correct[sel].mean() - conf[sel].mean())
+    return float(total)

@@ -62,6 +62,8 @@ __all__ = [
     "effective_validity",
     "ineffective_masks",
     "bucket_sizes",
+    "MaskedCNN",
+    "masked_cnn",
 ]
 
 
@@ -388,3 +390,78 @@ def categorical_loglik(logits, y):
 def gibbs_sigma2(key, sse, n: int, a: float, b: float):
     """Conjugate draw ``sigma^2 | rest ~ InvGamma(a + n/2, b + SSE/2)`` (the authors' ``sigma_update`` with a = 1)."""
     return dist.InverseGamma(a + 0.5 * n, b + 0.5 * sse).sample(key)
+
+
+# ---------------------------------------------------------------------------
+# masked CNN: one mask per channel
+# ---------------------------------------------------------------------------
+
+class MaskedCNN(NamedTuple):
+    """Static description of a masked CNN: 3x3 'SAME' convolutions (``smnngp.stax.Conv``, standard
+    parameterisation), each followed by a channel-masked ReLU, then a flattened dense readout (small images
+    such as 8 x 8 digits keep their spatial layout; a ResNet would pool first).
+
+    in_shape: ``(H, W, C)``; channels: physical channels per conv layer; active: initially active channels.
+    """
+
+    in_shape: tuple
+    channels: tuple
+    active: tuple
+    out_dim: int
+
+    @property
+    def widths(self) -> tuple:
+        return self.channels
+
+    def _layers(self):
+        convs = [stax.Conv(c, (3, 3), padding="SAME", W_std=math.sqrt(2.0), b_std=0.0, parameterization="standard")
+                 for c in self.channels]
+        return convs, stax.Dense(self.out_dim, W_std=1.0, b_std=0.0, parameterization="standard")
+
+    @property
+    def _flat(self) -> int:
+        return self.in_shape[0] * self.in_shape[1] * self.channels[-1]
+
+    def init(self, key, dtype=jnp.float32):
+        convs, dense = self._layers()
+        keys = jax.random.split(key, len(convs) + 1)
+        shape = (1,) + tuple(self.in_shape)
+        params = []
+        for k, layer in zip(keys[:-1], convs):
+            shape, (W, b) = layer[0](k, shape)
+            params.append((W.astype(dtype), jnp.zeros(W.shape[-1], dtype)))
+        _, (W, b) = dense[0](keys[-1], (1, self._flat))
+        params.append((W.astype(dtype), jnp.zeros(self.out_dim, dtype)))
+        masks = tuple((jnp.arange(p) < a).astype(dtype) for p, a in zip(self.channels, self.active))
+        return tuple(params), masks
+
+    def apply(self, params, masks, x, buckets=None):
+        convs, dense = self._layers()
+        h = x
+        for layer, p, m in zip(convs, params[:-1], masks):
+            h = masked_relu(layer[1](p, h), m)
+        return dense[1](params[-1], h.reshape(h.shape[0], -1))
+
+    def flops_and_capacity(self, masks):
+        """(multiply-accumulates per example, parameters) of the network made of the active channels only."""
+        H, W, C = self.in_shape
+        c_prev, macs, params = C, 0.0, 0.0
+        for m in masks:
+            c = float(np.asarray(m).sum())
+            macs += H * W * 9 * c_prev * c
+            params += 9 * c_prev * c + c
+            c_prev = c
+        macs += H * W * c_prev * self.out_dim
+        params += H * W * c_prev * self.out_dim + self.out_dim
+        return macs, params
+
+
+def masked_cnn(in_shape, channels=(40, 80), active=None, out_dim: int = 10) -> MaskedCNN:
+    """A masked CNN spec; ``active`` defaults to 4/5 of ``channels`` (the authors' ResNet-18 start)."""
+    channels = tuple(int(c) for c in channels)
+    active = tuple(max(1, (4 * c) // 5) for c in channels) if active is None else tuple(int(a) for a in active)
+    if len(tuple(in_shape)) != 3:
+        raise ValueError(f"masked_cnn: in_shape must be (H, W, C), got {in_shape}")
+    if len(active) != len(channels) or any(not 1 <= a <= c for a, c in zip(active, channels)):
+        raise ValueError(f"masked_cnn: need 1 <= active_l <= channels_l, got {active} for {channels}")
+    return MaskedCNN(tuple(int(s) for s in in_shape), channels, active, int(out_dim))

@@ -134,3 +134,10 @@ def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
 def test_readme_masked_bnn_example_runs():
     res = _run_readme_example("## Masked Bayesian neural networks")
     assert "(2, 20, 50) True" in res.stdout
+
+
+def test_mbnn_cnn_quick(tmp_path):
+    res = _run("mbnn-cnn", "--quick", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert out["accuracy"] > 0.8 and 0 < out["flops"] <= 1.3 and 0 < out["capacity"] <= 1.3, out
