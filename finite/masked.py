@@ -53,7 +53,6 @@ __all__ = [
     "categorical_loglik",
     "gibbs_sigma2",
     "active_counts",
-    "next_buckets",
     "EffectiveIndex",
     "effective_index",
     "gather_effective",
@@ -319,27 +318,6 @@ def bucket_sizes(counts, widths, slack: int = 0, minimum: int = 16) -> tuple | N
         need = int(np.max(c)) + int(slack)
         B = max(int(minimum), 1 << max(need - 1, 0).bit_length())
         out.append(None if B >= p else B)
-    return None if all(b is None for b in out) else tuple(out)
-
-
-def next_buckets(current, counts, widths, slack: int = 0, minimum: int = 16):
-    """``bucket_sizes`` with hysteresis: grow at once when a layer needs more room, shrink only when the need
-    fits in a quarter of the current block (then to twice the need), so a count wandering around a power of
-    two does not recompile every iteration."""
-    fresh = bucket_sizes(counts, widths, slack, minimum)
-    if current is None or fresh is None:
-        return fresh
-    out = []
-    for b_cur, b_new, p in zip(current, fresh, widths):
-        b_cur = p if b_cur is None else b_cur
-        b_new = p if b_new is None else b_new
-        if b_new > b_cur:
-            b = b_new
-        elif 4 * b_new <= b_cur:
-            b = min(2 * b_new, p)
-        else:
-            b = b_cur
-        out.append(None if b >= p else b)
     return None if all(b is None for b in out) else tuple(out)
 
 

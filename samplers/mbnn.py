@@ -56,6 +56,7 @@ import numpyro.distributions as dist
 from finite.masked import (
     MaskedMLP,
     apply_effective,
+    bucket_sizes,
     categorical_loglik,
     cauchy_log_prior,
     effective_index,
@@ -65,7 +66,6 @@ from finite.masked import (
     gibbs_sigma2,
     ineffective_masks,
     mask_prior_strength,
-    next_buckets,
     scatter_effective,
 )
 from samplers.hmc import hmc_step, step_size_adaptation
@@ -477,7 +477,9 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     try:
         while done < total:
             counts = np.asarray(jnp.stack([m.sum(-1) for m in states.masks], -1)).max(0)  # (L,) max over chains
-            buckets = next_buckets(buckets, counts, widths, slack=sampler.slack) if compact else None
+            # fresh power-of-two blocks every iteration: a count wandering across a boundary switches between
+            # programs already compiled (the step cache), it does not recompile
+            buckets = bucket_sizes(counts, widths, slack=sampler.slack) if compact else None
             if restart_adaptation and done == num_burnin // 2 and num_burnin >= 20:
                 # second adaptation window: the target sharpens as the chain leaves its start (sigma^2 falls,
                 # masks prune), and step sizes averaged over that transient are too large afterwards
