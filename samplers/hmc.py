@@ -16,7 +16,17 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["StepSizeAdaptation", "step_size_adaptation", "hmc_step"]
+__all__ = ["StepSizeAdaptation", "step_size_adaptation", "hmc_step", "TrajectoryInfo"]
+
+
+class TrajectoryInfo(NamedTuple):
+    """What HMC and NUTS both report: mean acceptance probability, whether the position moved, divergence,
+    and gradient evaluations."""
+
+    acceptance_rate: jnp.ndarray
+    is_accepted: jnp.ndarray
+    is_divergent: jnp.ndarray
+    num_integration_steps: jnp.ndarray
 
 
 class StepSizeAdaptation(NamedTuple):
@@ -35,7 +45,7 @@ def step_size_adaptation(target_accept: float = 0.7, gamma: float = 0.2, t0: flo
 
 def hmc_step(key, position, logdensity: Callable, da_state, adaptation: StepSizeAdaptation, *, adapt,
              num_integration_steps: int = 20, kernel: str = "hmc"):
-    """One trajectory. Returns ``(position, da_state, step_size, info)`` with BlackJAX's HMC/NUTS info.
+    """One trajectory. Returns ``(position, da_state, step_size, TrajectoryInfo)``.
 
     ``adapt`` may be traced (one compiled program serves burn-in and sampling).
 
@@ -58,4 +68,8 @@ def hmc_step(key, position, logdensity: Callable, da_state, adaptation: StepSize
     acc = jnp.where(jnp.isnan(info.acceptance_rate), 0.0, info.acceptance_rate)
     updated = adaptation.update(da_state, acc)
     da_state = jax.tree_util.tree_map(lambda new, old: jnp.where(adapt, new, old), updated, da_state)
-    return state.position, da_state, eps, info._replace(acceptance_rate=acc)
+    moved = jnp.any(jnp.stack([jnp.any(a != b) for a, b in zip(jax.tree_util.tree_leaves(state.position),
+                                                                  jax.tree_util.tree_leaves(position))]))
+    out = TrajectoryInfo(acc, getattr(info, "is_accepted", moved), info.is_divergent,
+                         jnp.asarray(info.num_integration_steps))
+    return state.position, da_state, eps, out

@@ -383,3 +383,12 @@ def test_msgld_epoch_runs_and_keeps_layers_alive():
         state, acc = ep(jax.random.PRNGKey(e), state, x=x, y=y, step_sizes=jnp.full(4, 1e-3))
     assert all(float(m.sum()) >= 1 for m in state.masks)
     assert all(np.all(np.isfinite(np.asarray(p))) for p in jax.tree_util.tree_leaves(state.params))
+
+
+def test_nuts_option_runs_and_masks_move():
+    model = _poly_model(width=12, n=10)
+    sampler = mbnn_sampler(model, theta_kernel="nuts", step_size=1e-2, n_mh=3)
+    res = sample(sampler, jax.random.PRNGKey(0), num_chains=2, num_burnin=6, num_samples=2, thinning=2,
+                 progress=False, compact=False)
+    assert np.all(np.isfinite(res.draws["sigma2"])) and res.traces["hmc_acceptance"].shape == (2, 10)
+    assert res.traces["mask_accepted"].sum() > 0
