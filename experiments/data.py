@@ -26,7 +26,7 @@ Environment variables
     download cache, default ``~/.cache/smnngp``.
 ``SMNNGP_DATA_URL_<SOURCE>``
     overrides the base URL of one source, ``<SOURCE>`` being the upper-cased key of `BASE_URLS`: ``UCI``,
-    ``CASCADED_TANKS``, ``PM25_BEIJING``, ``PM25_CITIES``. A file's URL is ``<base URL>/<remote path>``, with
+    ``CASCADED_TANKS``, ``PM25_BEIJING``, ``PM25_CITIES``, ``CIFAR``. A file's URL is ``<base URL>/<remote path>``, with
     the remote path laid out as at the canonical source (for ``uci``: ``<folder>/data/<file>``), so a mirror
     (or the test suite's local HTTP server) only has to reproduce that layout. The module-level dict
     `BASE_URLS` holds the defaults and may also be edited in-process; the environment variable wins.
@@ -35,7 +35,8 @@ Registry API
 ------------
 ``DATASET_NAMES``, ``get_dataset(name) -> Dataset``, ``fetch(name, filename) -> Path`` (verified local path),
 ``read(name, filename)`` (one parsed file), ``load(name)`` (the whole data set: `UCIData` for UCI sets,
-`CascadedTanks`, or a column table ``dict[str, np.ndarray]`` for PM2.5). ``python -m experiments.data [NAME...]``
+`CascadedTanks`, a column table ``dict[str, np.ndarray]`` for PM2.5, `CIFAR10` for ``cifar10``, whose
+archive (170 MB, not in the shared data folder) is verified and cached whole). ``python -m experiments.data [NAME...]``
 fetches and verifies every registered file of the named (default: all) data sets.
 
 UCI regression API
@@ -95,6 +96,7 @@ __all__ = [
     "PAPER_UCI",
     "UCI_NAMES",
     "UCI_PROTOCOLS",
+    "CIFAR10",
     "CascadedTanks",
     "ChecksumError",
     "DataError",
@@ -131,6 +133,8 @@ BASE_URLS: dict[str, str] = {
     # UCI Machine Learning Repository, data sets 381 (Beijing PM2.5) and 394 (PM2.5 of five Chinese cities).
     "pm25_beijing": "https://archive.ics.uci.edu/static/public/381",
     "pm25_cities": "https://archive.ics.uci.edu/static/public/394",
+    # Krizhevsky's CIFAR-10, python version (170,498,071 bytes; md5 c58f30108f718f92721af3b95e74349a).
+    "cifar": "https://www.cs.toronto.edu/~kriz",
 }
 
 
@@ -434,6 +438,45 @@ def _parse_cascaded_tanks(path: Path) -> CascadedTanks:
     return CascadedTanks(values[:, 0], values[:, 1], values[:, 2], values[:, 3], ts)
 
 
+class CIFAR10(NamedTuple):
+    """CIFAR-10 (Krizhevsky 2009): 50,000 training and 10,000 test 32 x 32 colour images, ``uint8`` of shape
+    ``(n, 32, 32, 3)`` (NHWC), labels ``int64`` in 0..9."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def _parse_cifar10(path: Path) -> CIFAR10:
+    """The python-version archive: five training batches and one test batch, each a pickled dict with
+    ``data`` (10,000 x 3,072 uint8, channel-major rows) and ``labels``. (Unpickling is safe here: the archive's
+    SHA-256 was verified before parsing.)"""
+    import pickle
+    import tarfile
+
+    def batch(tar, name):
+        member = f"cifar-10-batches-py/{name}"
+        try:
+            fh = tar.extractfile(member)
+        except KeyError:
+            raise DataError(f"{path}: member {member} missing from the CIFAR-10 archive") from None
+        try:
+            d = pickle.load(fh, encoding="bytes")
+            x = np.asarray(d[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+            labels = np.asarray(d[b"labels"], np.int64)
+        except (EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as err:
+            raise DataError(f"{path}: member {member} of the CIFAR-10 archive is malformed ({err!r})") from err
+        if len(labels) != len(x):
+            raise DataError(f"{path}: member {member} has {len(x)} images but {len(labels)} labels")
+        return x, labels
+
+    with tarfile.open(path, "r:gz") as tar:
+        parts = [batch(tar, f"data_batch_{i}") for i in range(1, 6)]
+        x_test, y_test = batch(tar, "test_batch")
+    return CIFAR10(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), x_test, y_test)
+
+
 def _parse_csv_table(path: Path) -> dict[str, np.ndarray]:
     """A csv with a header -> {column: array}; numeric columns are float64 with ``NA``/empty as NaN, others str."""
     with open(path, newline="") as fh:
@@ -698,11 +741,21 @@ def _build_registry(sums: Mapping[str, str]) -> dict[str, Dataset]:
         "FiveCitiePMData/GuangzhouPM20100101_20151231.csv",
         _parse_csv_table,
     )
+    single(
+        "cifar10",
+        "CIFAR-10, python version (Krizhevsky 2009): 50,000 train / 10,000 test 32 x 32 images, 10 classes",
+        "cifar10/cifar-10-python.tar.gz",
+        "cifar",
+        "cifar-10-python.tar.gz",
+        None,
+        _parse_cifar10,
+    )
     return registry
 
 
 # The SHA-256 of every registered file, in `sha256sum` format (paths relative to the data directory).
 _SHA256SUMS = """
+6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce  cifar10/cifar-10-python.tar.gz
 7416cb2aeb97c0775f2d9fdd4be698024d49608f8b0a8e767755c5ecb2bb023c  cascaded_tanks/dataBenchmark.csv
 e5c2122a71baff910d3fecc702ed35442a99282f2113090d1c56af09e9952a89  pm25/GuangzhouPM20100101_20151231.csv
 4fe4c954a563d0e746f96c258e1acf31f7880f1ad825b046052121938781c656  pm25/PRSA_data_2010.1.1-2014.12.31.csv
