@@ -171,6 +171,7 @@ class MBNNInfo(NamedTuple):
     active: jnp.ndarray  # (L,) active nodes after the iteration
     sigma2: jnp.ndarray
     loglik: jnp.ndarray
+    overflow: jnp.ndarray  # bool: a mask during the moves outgrew the compacted blocks; the iteration is void
 
 
 _STEP_CACHE: OrderedDict = OrderedDict()
@@ -272,6 +273,16 @@ class MBNNSampler:
 
         masks = state.masks
         n_acc = births = deaths = jnp.zeros((), jnp.int32)
+        # the blocks must hold every mask the iteration evaluates: the current one (HMC), each proposal
+        # (at most n_max more nodes than the state it starts from) and the final one; else the iteration is
+        # void and `sample` recomputes it with larger blocks
+        capacity = jnp.asarray([model.net.widths[i] if buckets is None or buckets[i] is None else buckets[i]
+                                for i in range(len(masks))], jnp.int32)
+
+        def counts(ms):
+            return jnp.stack([jnp.sum(m) for m in ms]).astype(jnp.int32)
+
+        overflow = jnp.any(counts(masks) > capacity)
         if model.masked and self.n_mh > 0:
             # gradient-weighted births need d l / d m_j at inactive nodes: only the full-width pass has them
             mbuckets = None if self.birth != "uniform" else buckets
@@ -282,14 +293,17 @@ class MBNNSampler:
             ll, grads = value_and_grad(masks)
 
             def one_move(carry, k):
-                ms, ll, gs, na, nb, nd = carry
+                ms, ll, gs, na, nb, nd, ov = carry
+                if mbuckets is not None:
+                    ov = ov | jnp.any(counts(ms) + self.n_max > capacity)
                 ms, ll, gs, info = mask_move(k, ms, ll, gs, value_and_grad, c=model.c, n_max=self.n_max,
                                              birth=self.birth, death=self.death, authors_guard=self.authors_guard)
                 a = info.accepted.astype(jnp.int32)
-                return (ms, ll, gs, na + a, nb + a * (~info.death), nd + a * info.death), None
+                return (ms, ll, gs, na + a, nb + a * (~info.death), nd + a * info.death, ov), None
 
-            (masks, _, _, n_acc, births, deaths), _ = jax.lax.scan(
-                one_move, (masks, ll, grads, n_acc, births, deaths), jax.random.split(k_mask, self.n_mh))
+            (masks, _, _, n_acc, births, deaths, overflow), _ = jax.lax.scan(
+                one_move, (masks, ll, grads, n_acc, births, deaths, overflow), jax.random.split(k_mask, self.n_mh))
+            overflow = overflow | jnp.any(counts(masks) > capacity)
 
         ll, sse = model.loglik(params, masks, state.sigma2, buckets, xy)
         sigma2 = state.sigma2
@@ -299,7 +313,7 @@ class MBNNSampler:
         info = MBNNInfo(hmc_acceptance=hinfo.acceptance_rate, hmc_accepted=hinfo.is_accepted,
                         divergent=hinfo.is_divergent,
                         step_size=eps, mask_accepted=n_acc, births=births, deaths=deaths, active=active,
-                        sigma2=sigma2, loglik=ll)
+                        sigma2=sigma2, loglik=ll, overflow=overflow)
         return MBNNState(params, masks, sigma2, da, state.iteration + 1), info
 
     def refresh(self, key, params, masks, eps):
@@ -326,10 +340,65 @@ class MBNNSampler:
         if refresh and self.model.masked:
             rf = _cache_get((self._static_key(), "refresh"))
             if rf is None:
-                rf = jax.jit(jax.vmap(lambda k, s, e: s._replace(params=self.refresh(k, s.params, s.masks, e))))
+                rf = jax.jit(self._refresh_chains)
                 _cache_put((self._static_key(), "refresh"), rf)
-            states = rf(jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys), states, info.step_size)
+            states = rf(keys, states, info.step_size)
         return states, info
+
+    def _refresh_chains(self, keys, states, step_size):
+        """The ineffective-weight update of every chain, keyed by ``fold_in(key, 1)`` of the step's keys."""
+        return jax.vmap(lambda k, s, e: s._replace(params=self.refresh(jax.random.fold_in(k, 1), s.params, s.masks,
+                                                                        e)))(keys, states, step_size)
+
+    def chunk_chains(self, key, states, start: int, n_valid: int, num_burnin: int, buckets, length: int):
+        """Up to ``n_valid`` (<= ``length``) iterations of all chains in one compiled ``lax.scan``.
+
+        Iteration ``t = start + i`` uses the keys, adaptation flag (``t < num_burnin``) and refresh schedule
+        that ``sample``'s one-iteration path would, so both give the same chain. An iteration whose masks
+        outgrow ``buckets`` (``info.overflow``) is void: it and the rest of the chunk are not committed.
+        Returns ``(key, states, infos, committed)``: the key and states after the committed iterations (a
+        prefix), the per-iteration infos stacked on a leading axis, and the commit flags.
+        """
+        fn = _cache_get((self._static_key(), "chunk", buckets, length))
+        if fn is None:
+            fn = jax.jit(lambda *a: self._chunk(*a, buckets=buckets, length=length))
+            _cache_put((self._static_key(), "chunk", buckets, length), fn)
+        return fn(key, states, jnp.asarray(start, jnp.int32), jnp.asarray(n_valid, jnp.int32),
+                  jnp.asarray(num_burnin, jnp.int32), self.data())
+
+    def _chunk(self, key, states, start, n_valid, num_burnin, data, *, buckets, length):
+        num_chains = jax.tree_util.tree_leaves(states)[0].shape[0]
+        step = jax.vmap(lambda k, s, a: self.step(k, s, a, buckets, False, False, data=data), in_axes=(0, 0, None))
+
+        def body(carry, i):
+            key, states, stopped = carry
+            t = start + i
+
+            def run(_):
+                next_key, k_step = jax.random.split(key)
+                keys = jax.random.split(k_step, num_chains)
+                new, info = step(keys, states, t < num_burnin)
+                if self.model.masked:
+                    new = jax.lax.cond(t % self.refresh_every == 0, lambda n: self._refresh_chains(keys, n,
+                                                                                                 info.step_size),
+                                       lambda n: n, new)
+                return next_key, new, info
+
+            shapes = jax.eval_shape(run, None)
+
+            def skip(_):
+                return key, states, jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[2])
+
+            go = (i < n_valid) & ~stopped
+            next_key, new, info = jax.lax.cond(go, run, skip, None)
+            commit = go & ~jnp.any(info.overflow)
+            key = jnp.where(commit, next_key, key)
+            states = jax.tree_util.tree_map(lambda a, b: jnp.where(commit, a, b), new, states)
+            return (key, states, stopped | (go & ~commit)), (info, commit)
+
+        (key, states, _), (infos, committed) = jax.lax.scan(body, (key, states, jnp.zeros((), bool)),
+                                                            jnp.arange(length))
+        return key, states, infos, committed
 
 
 def _cauchy_coordinate_hmc(key, params, where, eps, num_steps: int, scale: float):
@@ -411,7 +480,7 @@ def _to_host(tree):
 def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 400, num_samples: int = 20,
            thinning: int = 200, functions: dict[str, Callable] | None = None, compact: bool = True,
            checkpoint: str | None = None, checkpoint_every: float = 60.0, progress: bool = True,
-           init_state: MBNNState | None = None, restart_adaptation: bool = True) -> SampleResult:
+           init_state: MBNNState | None = None, restart_adaptation: bool = True, chunk: int = 16) -> SampleResult:
     """Run ``num_chains`` chains: burn-in (step size adapted), then ``num_samples`` draws every ``thinning`` iterations.
 
     functions: ``name -> fn(params, masks, sigma2, buckets)`` evaluated per chain at every kept draw (e.g. test
@@ -421,9 +490,13 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     (a second adaptation window, as Stan's windowed adaptation does); ``False`` is the authors' single window.
     checkpoint: a file path; the run state is saved there every ``checkpoint_every`` seconds and at the end, and
     a run started with the same path resumes from it.
+    chunk: iterations per compiled program (a ``lax.scan``; 1 = one program call and host round trip per
+    iteration). Chunked blocks leave headroom for one mask move (``n_max`` nodes) instead of a whole
+    iteration's ``n_mh * n_max``; an iteration whose masks outgrow them is recomputed with full headroom, so
+    the chain is the same as with ``chunk=1`` (same keys; equal up to floating-point summation order).
     """
-    if num_chains < 1 or num_burnin < 0 or num_samples < 1 or thinning < 1:
-        raise ValueError("sample: need num_chains >= 1, num_burnin >= 0, num_samples >= 1, thinning >= 1")
+    if num_chains < 1 or num_burnin < 0 or num_samples < 1 or thinning < 1 or chunk < 1:
+        raise ValueError("sample: need num_chains >= 1, num_burnin >= 0, num_samples >= 1, thinning >= 1, chunk >= 1")
     functions = dict(functions or {})
     total = num_burnin + num_samples * thinning
     widths = sampler.model.net.widths
@@ -468,42 +541,69 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
         os.replace(tmp, checkpoint)
 
     bar = None
+    redo = False
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=total, initial=done, desc="mBNN" if sampler.model.masked else "BNN", leave=False)
     last_save = time.perf_counter()
     start = time.perf_counter() - seconds
-    buckets = None
+    restart_at = num_burnin // 2 if restart_adaptation and num_burnin >= 20 else None
+    small_slack = sampler.n_max if sampler.model.masked else 0
+
+    def counts_now():
+        return np.asarray(jnp.stack([m.sum(-1) for m in states.masks], -1)).max(0)  # (L,) max over chains
+
+    def record(info):
+        nonlocal done
+        if not np.all(np.isfinite(info.loglik)):
+            raise FloatingPointError(f"sample: non-finite log-likelihood at iteration {done} "
+                                     f"(chains {np.flatnonzero(~np.isfinite(info.loglik)).tolist()})")
+        traces.append(info)
+        done += 1
+
     try:
         while done < total:
-            counts = np.asarray(jnp.stack([m.sum(-1) for m in states.masks], -1)).max(0)  # (L,) max over chains
-            # fresh power-of-two blocks every iteration: a count wandering across a boundary switches between
-            # programs already compiled (the step cache), it does not recompile
-            buckets = bucket_sizes(counts, widths, slack=sampler.slack) if compact else None
-            if restart_adaptation and done == num_burnin // 2 and num_burnin >= 20:
+            if restart_at is not None and done == restart_at:
                 # second adaptation window: the target sharpens as the chain leaves its start (sigma^2 falls,
                 # masks prune), and step sizes averaged over that transient are too large afterwards
                 da_init = sampler._da().init
                 states = states._replace(da=jax.vmap(lambda d: da_init(jnp.exp(d.log_step_size)))(states.da))
-            next_key, k_step = jax.random.split(key)
-            states, info = sampler.step_chains(jax.random.split(k_step, num_chains), states, done < num_burnin,
-                                               buckets, done % sampler.refresh_every == 0)
-            key = next_key  # advanced only with the state, so a checkpoint pairs them
-            info = _to_host(info)
-            if not np.all(np.isfinite(info.loglik)):
-                raise FloatingPointError(f"sample: non-finite log-likelihood at iteration {done} "
-                                         f"(chains {np.flatnonzero(~np.isfinite(info.loglik)).tolist()})")
-            traces.append(info)
-            done += 1
-            if done > num_burnin and (done - num_burnin) % thinning == 0:
-                out = _to_host(evaluate(states, buckets))  # the step's blocks hold the masks it returned
+            # the next event (adaptation restart, kept draw, end) closes the chunk
+            next_draw = num_burnin + thinning * ((max(done - num_burnin, 0)) // thinning + 1)
+            stop = min(total, next_draw, restart_at if restart_at is not None and restart_at > done else total)
+            n_valid = min(chunk, stop - done)
+            counts = counts_now()
+            # fresh power-of-two blocks every call: a count wandering across a boundary switches between
+            # programs already compiled (the step cache), it does not recompile
+            if chunk > 1:
+                buckets = bucket_sizes(counts, widths, slack=small_slack) if compact else None
+                key, states, infos, committed = sampler.chunk_chains(key, states, done, n_valid, num_burnin, buckets,
+                                                                     chunk)
+                infos, committed = _to_host(infos), np.asarray(committed)
+                for j in range(int(committed.sum())):
+                    record(jax.tree_util.tree_map(lambda a, j=j: a[j], infos))
+                redo = committed.sum() < n_valid
+                if redo:
+                    counts = counts_now()
+            if chunk == 1 or redo:  # one iteration with headroom for all of its mask moves
+                buckets = bucket_sizes(counts, widths, slack=sampler.slack) if compact else None
+                next_key, k_step = jax.random.split(key)
+                states, info = sampler.step_chains(jax.random.split(k_step, num_chains), states, done < num_burnin,
+                                                   buckets, done % sampler.refresh_every == 0)
+                key = next_key  # advanced only with the state, so a checkpoint pairs them
+                record(_to_host(info))
+            if done > num_burnin and (done - num_burnin) % thinning == 0 and len(draws["sigma2"]) < (
+                    done - num_burnin) // thinning:
+                eval_buckets = bucket_sizes(counts_now(), widths) if compact else None
+                out = _to_host(evaluate(states, eval_buckets))
                 for k, v in out.items():
                     draws[k].append(v)
             seconds = time.perf_counter() - start
             if bar is not None:
-                bar.update()
-                bar.set_postfix(active=tuple(int(a) for a in info.active.mean(0)),
-                                acc=f"{info.hmc_acceptance.mean():.2f}", eps=f"{info.step_size.mean():.1e}")
+                bar.update(done - bar.n)
+                last = traces[-1]
+                bar.set_postfix(active=tuple(int(a) for a in last.active.mean(0)),
+                                acc=f"{last.hmc_acceptance.mean():.2f}", eps=f"{last.step_size.mean():.1e}")
             if checkpoint and time.perf_counter() - last_save > checkpoint_every:
                 save()
                 last_save = time.perf_counter()

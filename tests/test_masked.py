@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import pickle
 
 import jax
 import jax.numpy as jnp
@@ -234,27 +235,73 @@ def test_sampler_compact_chain_equals_full_width_chain():
     assert int(np.asarray(i_full.active).min()) < 20  # the masks did change along the way
 
 
-def test_sample_resumes_from_checkpoint(tmp_path, monkeypatch):
+def test_chunk_program_equals_single_steps_and_stops_at_overflow(monkeypatch):
+    """A chunk of iterations in one program equals the same iterations run one call each with the same
+    blocks; it stops committing at the first iteration whose masks outgrow the blocks (which the one-call
+    step flags as void too). ``sample`` recomputes that iteration with full headroom and records no void one."""
+    model = _poly_model(width=40, n=12)
+    model = MaskedBNN(model.net._replace(active=(6, 6)), model.x, model.y, prior_scale=0.5, lam=0.05)
+    sampler = mbnn_sampler(model, num_integration_steps=3, n_mh=4)
+    states = jax.vmap(sampler.init)(jax.random.split(jax.random.PRNGKey(7), 2))
+    buckets = (16, 16)  # weak mask prior: births push the masks out of these blocks within a few iterations
+    key = jax.random.PRNGKey(0)
+    k_end, s_chunk, infos, committed = sampler.chunk_chains(key, states, 0, 8, 4, buckets, 8)
+    committed = np.asarray(committed)
+    n = int(committed.sum())
+    assert 0 < n < 8 and committed[:n].all() and not committed[n:].any()
+    s_one = states
+    for t in range(n + 1):
+        k_next, k_step = jax.random.split(key)
+        new, info = sampler.step_chains(jax.random.split(k_step, 2), s_one, t < 4, buckets, t % 10 == 0)
+        if t == n:
+            assert bool(np.asarray(info.overflow).any())  # the void iteration
+            break
+        assert not bool(np.asarray(info.overflow).any())
+        for f in ("sigma2", "loglik", "hmc_acceptance", "active"):
+            np.testing.assert_allclose(np.asarray(getattr(infos, f)[t]), np.asarray(getattr(info, f)), rtol=1e-10)
+        s_one, key = new, k_next
+    np.testing.assert_array_equal(np.asarray(k_end), np.asarray(key))
+    for x, y in zip(jax.tree_util.tree_leaves(s_chunk), jax.tree_util.tree_leaves(s_one)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-10, atol=1e-12)
+    # end to end: void iterations are recomputed, never recorded, and the run completes
+    redo = {"n": 0}
+    original = type(sampler).step_chains
+
+    def counting(self, *a):
+        redo["n"] += 1
+        return original(self, *a)
+
+    monkeypatch.setattr(type(sampler), "step_chains", counting)
+    res = sample(sampler, jax.random.PRNGKey(1), num_chains=2, num_burnin=4, num_samples=2, thinning=3,
+                 progress=False, chunk=5)
+    assert res.iterations == 10 and redo["n"] > 0 and not res.traces["overflow"].any()
+    assert res.draws["sigma2"].shape == (2, 2)
+
+
+@pytest.mark.parametrize("chunk, interrupt_at", [(1, 6), (16, 2)])
+def test_sample_resumes_from_checkpoint(tmp_path, monkeypatch, chunk, interrupt_at):
     model = _poly_model()
-    kw = dict(num_chains=2, num_burnin=4, num_samples=3, thinning=2, progress=False)
+    kw = dict(num_chains=2, num_burnin=4, num_samples=3, thinning=2, progress=False, chunk=chunk)
     xt = jnp.linspace(-4, 4, 5)[:, None]
     fns = {"f": lambda p, m, s2, b: model.net.apply(p, m, xt, b)[:, 0]}
     ref = sample(mbnn_sampler(model, num_integration_steps=3, n_mh=2), jax.random.PRNGKey(0), functions=fns, **kw)
     sampler = mbnn_sampler(model, num_integration_steps=3, n_mh=2)
     path = str(tmp_path / "chk.pkl")
     calls = {"n": 0}
-    original = type(sampler).step_chains
+    name = "step_chains" if chunk == 1 else "chunk_chains"
+    original = getattr(type(sampler), name)
 
     def flaky(self, *a):
         calls["n"] += 1
-        if calls["n"] == 6:
+        if calls["n"] == interrupt_at:
             raise KeyboardInterrupt
         return original(self, *a)
 
-    monkeypatch.setattr(type(sampler), "step_chains", flaky)
+    monkeypatch.setattr(type(sampler), name, flaky)
     with pytest.raises(KeyboardInterrupt):
         sample(sampler, jax.random.PRNGKey(0), functions=fns, checkpoint=path, **kw)
-    monkeypatch.setattr(type(sampler), "step_chains", original)
+    monkeypatch.setattr(type(sampler), name, original)
+    assert 0 < pickle.loads(open(path, "rb").read())["done"] < 10
     resumed = sample(sampler, jax.random.PRNGKey(0), functions=fns, checkpoint=path, **kw)
     assert resumed.iterations == ref.iterations == 10
     for k in ref.draws:
