@@ -152,7 +152,7 @@ def run_split(data, split: int, model_name: str, s: dict, seed: int, checkpoint=
     res = sample(sampler, jax.random.PRNGKey(seed), num_chains=s["chains"], num_burnin=s["burnin"],
                  num_samples=s["samples"], thinning=s["thinning"],
                  functions={"f": lambda p, m, s2, b: net.apply(p, m, xe, b)[:, 0]},
-                 checkpoint=checkpoint, progress=progress)
+                 checkpoint=checkpoint, progress=progress, chunk=s.get("chunk", 16))
     f = res.draws["f"].reshape(-1, len(yte)).astype(float)
     sig = np.sqrt(res.draws["sigma2"].reshape(-1).astype(float))
     ilo, ihi = metrics.mixture_interval(f, sig)
