@@ -36,6 +36,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _enable_compilation_cache() -> str | None:
+    """Keep compiled XLA programs on disk between runs (``$SMNNGP_JAX_CACHE``, default ``~/.cache/smnngp/jax``;
+    ``off`` disables). A resumed or repeated long run then skips recompiling its programs (the masked sampler
+    compiles one program per block shape, several seconds each)."""
+    where = os.environ.get("SMNNGP_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "smnngp", "jax"))
+    if where.lower() in ("off", "0", "none", ""):
+        return None
+    import jax
+
+    os.makedirs(where, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", where)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    return where
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -48,6 +63,8 @@ def main(argv=None) -> int:
         return 0
     module = _load(args.command)
     config = {k: v for k, v in vars(args).items() if k not in ("command", "out", "seed")}
+    if not args.quick:
+        _enable_compilation_cache()
     start = time.perf_counter()
     rep = module.run(args)
     wall = time.perf_counter() - start

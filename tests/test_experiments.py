@@ -138,3 +138,17 @@ def test_mbnn_cnn_quick(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads((tmp_path / "results.json").read_text())["results"]
     assert out["accuracy"] > 0.8 and 0 < out["flops"] <= 1.3 and 0 < out["capacity"] <= 1.3, out
+
+
+def test_compilation_cache_location_and_switch(tmp_path):
+    code = ("import jax; from experiments.__main__ import _enable_compilation_cache as e; w = e(); "
+            "print(w, jax.config.jax_compilation_cache_dir)")
+    where = tmp_path / "xla"
+    on = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        env=dict(os.environ, SMNNGP_JAX_CACHE=str(where)), timeout=120)
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.split() == [str(where), str(where)] and where.is_dir()
+    off = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, SMNNGP_JAX_CACHE="off"), timeout=120)
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.split()[0] == "None" and off.stdout.split()[1] != str(where)
