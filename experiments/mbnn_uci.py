@@ -267,4 +267,11 @@ def _aggregate(out, s, cfg) -> Report:
           f"{int(round(1.1 * s['width']))}), burn-in {s['burnin']}, {s['samples']} draws every {s['thinning']} "
           f"iterations, {s['leapfrog']} leapfrog steps, {s['n_mh']} mask moves per iteration, Cauchy(0, "
           f"{s['prior_scale']}), sigma^2 ~ InvGamma(1, std(y_train)); inputs min-max scaled on the training rows."]
+    stuck = [f"{ds}/{m} (HMC acceptance {e['hmc_acceptance']:.2f}, max R-hat {e['rhat_f_max']:.2f})"
+             for ds, per in summary.items() for m, e in per.items()
+             if m != "nsvi" and (e["hmc_acceptance"] < 0.2 or e["rhat_f_max"] > 1.1)]
+    if stuck:
+        md += ["", "**Mixing warning**: the chains of " + ", ".join(stuck) + " did not mix after burn-in "
+               "(acceptance below 0.2 or R-hat above 1.1): their draws are not independent posterior draws, and "
+               "the intervals above understate the posterior spread."]
     return Report(results=dict(settings=s, summary=summary), markdown="\n".join(md))

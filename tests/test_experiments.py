@@ -152,3 +152,22 @@ def test_compilation_cache_location_and_switch(tmp_path):
                          env=dict(os.environ, SMNNGP_JAX_CACHE="off"), timeout=120)
     assert off.returncode == 0, off.stderr
     assert off.stdout.split()[0] == "None" and off.stdout.split()[1] != str(where)
+
+
+def test_mbnn_uci_table_flags_chains_that_did_not_mix(tmp_path):
+    from experiments import mbnn_uci
+    from experiments.__main__ import build_parser
+
+    args = build_parser().parse_args(["mbnn-uci", "--quick", "--aggregate-only", "--out", str(tmp_path)])
+    s = mbnn_uci.settings(args)
+    cfg = {k: v for k, v in s.items() if k not in ("datasets", "models", "splits")}
+    for model, acc, rhat in (("bnn", 0.7, 1.02), ("mbnn-0.1", 0.04, 2.6)):
+        for k in range(2):
+            path = mbnn_uci._cell_path(str(tmp_path), "yacht", model, k)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as fh:
+                json.dump(dict(coverage=0.95, rmse=0.6, nll=0.9, crps=0.3, active=[100, 80], settings=cfg,
+                               wall_seconds=1.0, diagnostics=dict(hmc_acceptance=acc, rhat_f=rhat)), fh)
+    md = mbnn_uci.run(args).markdown
+    warning = md[md.index("Mixing warning"):]
+    assert "yacht/mbnn-0.1 (HMC acceptance 0.04, max R-hat 2.60)" in warning and "yacht/bnn" not in warning
