@@ -51,7 +51,7 @@ def settings(args) -> dict:
     quick = args.quick
     s = dict(chains=2 if quick else 4, width=50 if quick else 1000, burnin=150 if quick else 3000,
              samples=30 if quick else 1000, thinning=3 if quick else 10, lam=0.1, prior_scale=0.3,
-             leapfrog=30, n_mh=2, n_max=3)
+             leapfrog=30, n_mh=2, n_max=3, step_scale=0.5)
     for k in ("chains", "width", "burnin", "samples", "thinning"):
         if getattr(args, k, None) is not None:
             s[k] = int(getattr(args, k))
@@ -75,7 +75,7 @@ def run_model(kind, s, x, y, x_eval, seed, checkpoint=None, progress=True):
         lam = None
     model = MaskedBNN(net, x, y, prior_scale=s["prior_scale"], lam=lam, sigma2_prior=(1.0, 1.0))
     sampler = mbnn_sampler(model, num_integration_steps=s["leapfrog"], step_size=0.1 / len(y), n_mh=s["n_mh"],
-                           n_max=s["n_max"])
+                           n_max=s["n_max"], step_scale=s["step_scale"])
     xe = jnp.asarray(x_eval, jnp.float32)
     res = sample(sampler, jax.random.PRNGKey(seed), num_chains=s["chains"], num_burnin=s["burnin"],
                  num_samples=s["samples"], thinning=s["thinning"],

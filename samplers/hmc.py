@@ -44,10 +44,11 @@ def step_size_adaptation(target_accept: float = 0.7, gamma: float = 0.2, t0: flo
 
 
 def hmc_step(key, position, logdensity: Callable, da_state, adaptation: StepSizeAdaptation, *, adapt,
-             num_integration_steps: int = 20, kernel: str = "hmc"):
+             num_integration_steps: int = 20, kernel: str = "hmc", sampling_scale: float = 1.0):
     """One trajectory. Returns ``(position, da_state, step_size, TrajectoryInfo)``.
 
-    ``adapt`` may be traced (one compiled program serves burn-in and sampling).
+    ``adapt`` may be traced (one compiled program serves burn-in and sampling). After adaptation the step is
+    ``sampling_scale`` times the dual-averaging result.
 
     A trajectory whose acceptance probability is NaN counts as rejected
     (probability 0) in the step-size adaptation.
@@ -55,7 +56,7 @@ def hmc_step(key, position, logdensity: Callable, da_state, adaptation: StepSize
     from blackjax.mcmc import hmc, nuts
 
     adapt = jnp.asarray(adapt)
-    eps = jnp.exp(jnp.where(adapt, da_state.log_step_size, da_state.log_step_size_avg))
+    eps = jnp.exp(jnp.where(adapt, da_state.log_step_size, da_state.log_step_size_avg + jnp.log(sampling_scale)))
     leaves = jax.tree_util.tree_leaves(position)
     inv_mass = jnp.ones((sum(x.size for x in leaves),), leaves[0].dtype)
     state = hmc.init(position, logdensity)

@@ -439,3 +439,27 @@ def test_nuts_option_runs_and_masks_move():
                  progress=False, compact=False)
     assert np.all(np.isfinite(res.draws["sigma2"])) and res.traces["hmc_acceptance"].shape == (2, 10)
     assert res.traces["mask_accepted"].sum() > 0
+
+
+def test_step_scale_shrinks_only_the_post_burnin_step():
+    def logdensity(w):
+        return -0.5 * jnp.sum(w["w"] ** 2)
+
+    adaptation = step_size_adaptation(0.7)
+    da = adaptation.update(adaptation.init(0.3), 0.9)  # running average and iterate now differ
+    pos, key = {"w": jnp.ones(2)}, jax.random.PRNGKey(0)
+    for adapt, expect in ((True, np.exp(da.log_step_size)), (False, 0.5 * np.exp(da.log_step_size_avg))):
+        _, _, eps, _ = hmc_step(key, pos, logdensity, da, adaptation, adapt=adapt, num_integration_steps=2,
+                                sampling_scale=0.5)
+        np.testing.assert_allclose(float(eps), expect, rtol=1e-6)
+    x = np.linspace(0, 1, 8)[:, None]
+    model = MaskedBNN(masked_mlp(1, (6, 6), (4, 4)), x, np.sin(x[:, 0]), lam=0.1)
+    assert mbnn_sampler(model).step_scale == 0.5 and mbnn_sampler(model, step_scale=1.0).step_scale == 1.0
+    with pytest.raises(ValueError, match="step_scale"):
+        mbnn_sampler(model, step_scale=0.0)
+    # a post-burn-in step follows the scale: the recorded step is half the adapted average
+    sampler = mbnn_sampler(model, step_scale=0.5)
+    res = sample(sampler, jax.random.PRNGKey(1), num_chains=1, num_burnin=20, num_samples=2, thinning=2,
+                 progress=False, chunk=1)
+    avg = np.exp(np.asarray(res.state.da.log_step_size_avg))
+    np.testing.assert_allclose(res.traces["step_size"][:, -1], 0.5 * avg, rtol=1e-5)
