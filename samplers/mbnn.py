@@ -15,7 +15,10 @@ One iteration, for the state ``(theta, M, sigma^2)``:
      its cost follows the active width, not the physical one. During
      burn-in the step size follows BlackJAX's dual averaging (target
      acceptance 0.7, the authors' ``gamma = 0.2, t0 = 10, kappa = 0.75``);
-     after it the averaged step size is frozen.
+     after it the averaged step size, times ``step_scale`` (default 0.5;
+     the authors used 1), is frozen: dual averaging settles at the
+     leapfrog stability limit of the burn-in posterior, and at that step
+     the UCI chains stop moving soon after burn-in.
    * ``theta_I``: every ``refresh_every`` iterations, a per-coordinate
      HMC trajectory under the Cauchy prior with the same step size and
      length (one fused elementwise pass over all weights).
