@@ -278,6 +278,6 @@ def _aggregate(out, s, cfg) -> Report:
              if m != "nsvi" and (e["hmc_acceptance"] < 0.2 or e["rhat_f_max"] > 1.1)]
     if stuck:
         md += ["", "**Mixing warning**: the chains of " + ", ".join(stuck) + " did not mix after burn-in "
-               "(acceptance below 0.2 or R-hat above 1.1): their draws are not independent posterior draws, and "
-               "the intervals above understate the posterior spread."]
+               "(acceptance below 0.2 or R-hat above 1.1): chains that disagree are not yet sampling one posterior, "
+               "so the intervals above are not those of a converged posterior."]
     return Report(results=dict(settings=s, summary=summary), markdown="\n".join(md))
