@@ -213,7 +213,7 @@ class MBNNSampler:
     da_kappa: float
     sigma2_init: float
     refresh_every: int
-    step_scale: float = 1.0
+    step_scale: float
 
     @property
     def slack(self) -> int:
