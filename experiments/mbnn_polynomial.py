@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from experiments import metrics
-from experiments.report import Report, markdown_table
+from experiments.report import Report, _jsonable, markdown_table
 
 DESCRIPTION = "masked BNN vs BNN on the noisy cubic: coverage of 95-percent intervals (paper 95.3 vs 98.6) and bands"
 
@@ -98,18 +98,11 @@ def run(args) -> Report:
         if m not in ("mbnn", "bnn"):
             raise ValueError(f"mbnn-polynomial: unknown model {m!r} (choose mbnn, bnn)")
     rows, results, bands = [], {}, {}
-    for i, m in enumerate(models):
-        chk = os.path.join(args.out, f"checkpoint_{m}.pkl")
-        f, s2, diag = run_model(m, s, x, y, x_eval, args.seed + 1 + i, checkpoint=chk)
-        f = f.reshape(-1, f.shape[-1]).astype(float)
-        sig = np.sqrt(s2.reshape(-1).astype(float))
-        ft, fg = f[:, : len(yt)], f[:, len(yt):]
-        lo, hi = metrics.mixture_interval(ft, sig)
-        res = dict(coverage=metrics.coverage(yt, lo, hi), rmse=metrics.rmse(yt, ft.mean(0)),
-                   nll=metrics.mixture_nll(yt, ft, sig), crps=metrics.mixture_crps(yt, ft, sig),
-                   mean_width=float(np.mean(hi - lo)), diagnostics=diag)
+    for m in models:
+        res, band = _model_result(m, s, args, x, y, x_eval, yt)
         results[m] = res
-        bands[m] = (fg.mean(0),) + metrics.mixture_interval(fg, sig)
+        bands[m] = band
+        diag = res["diagnostics"]
         rows.append([m.upper() if m == "bnn" else "mBNN", f"{100 * res['coverage']:.1f}%",
                      f"{100 * PAPER[m]:.1f}%", f"{res['mean_width']:.2f}", f"{res['rmse']:.2f}", f"{res['nll']:.3f}",
                      f"{res['crps']:.3f}", "/".join(f"{a:.0f}" for a in diag["final_active"]),
@@ -129,6 +122,43 @@ def run(args) -> Report:
     if args.quick:
         md.insert(1, "**Quick mode**: narrow network and short chains; not comparable to the paper.\n")
     return Report(results=dict(settings=s, models=results), markdown="\n".join(md), figures=[fig])
+
+
+def _model_result(m, s, args, x, y, x_eval, yt):
+    """Sample (or reload) one model: its metrics and its band on the plotting grid.
+
+    A finished model is kept in ``<out>/model_<m>.json`` with the settings and
+    seed it was run with, so that ``--models mbnn`` and ``--models bnn`` can be
+    run one after the other (or a run cut short resumed) and the report still
+    holds both; a file from other settings is ignored and overwritten.
+    """
+    import json
+
+    seed = args.seed + 1 + ("mbnn", "bnn").index(m)  # per model, whatever the order of --models
+    path = os.path.join(args.out, f"model_{m}.json")
+    if os.path.exists(path):
+        with open(path) as fh:
+            kept = json.load(fh)
+        if kept.get("settings") == s and kept.get("seed") == seed:
+            print(f"mbnn-polynomial: {m} reused from {path}")
+            return kept["result"], tuple(np.asarray(b) for b in kept["band"])
+    chk = os.path.join(args.out, f"checkpoint_{m}.pkl")
+    f, s2, diag = run_model(m, s, x, y, x_eval, seed, checkpoint=chk)
+    f = f.reshape(-1, f.shape[-1]).astype(float)
+    sig = np.sqrt(s2.reshape(-1).astype(float))
+    ft, fg = f[:, : len(yt)], f[:, len(yt):]
+    lo, hi = metrics.mixture_interval(ft, sig)
+    res = dict(coverage=metrics.coverage(yt, lo, hi), rmse=metrics.rmse(yt, ft.mean(0)),
+               nll=metrics.mixture_nll(yt, ft, sig), crps=metrics.mixture_crps(yt, ft, sig),
+               mean_width=float(np.mean(hi - lo)), diagnostics=diag)
+    band = (fg.mean(0),) + tuple(metrics.mixture_interval(fg, sig))
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(_jsonable(dict(settings=s, seed=seed, result=res, band=band)), fh)
+    os.replace(tmp, path)
+    if os.path.exists(chk):
+        os.remove(chk)
+    return res, band
 
 
 def _figure(out, x, y, grid, bands, results):

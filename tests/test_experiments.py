@@ -110,6 +110,13 @@ def test_mbnn_polynomial_quick(tmp_path):
         assert m["diagnostics"]["chains"] == 2
     assert models["mbnn"]["diagnostics"]["final_active"][0] < 50  # masks pruned from 50 active
     assert (tmp_path / "polynomial_bands.png").stat().st_size > 1000
+    # finished models are kept per model: a second run (other order) reuses both instead of sampling again
+    again = _run("mbnn-polynomial", "--quick", "--models", "bnn,mbnn", "--out", str(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "mbnn reused" in again.stdout and "bnn reused" in again.stdout
+    models2 = json.loads((tmp_path / "results.json").read_text())["results"]["models"]
+    assert models2["mbnn"]["coverage"] == models["mbnn"]["coverage"]
+    assert models2["bnn"]["crps"] == models["bnn"]["crps"]
 
 
 def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
