@@ -19,12 +19,13 @@ both predictive bands.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 
 from experiments import metrics
-from experiments.report import Report, _jsonable, markdown_table
+from experiments.report import Report, jsonable, markdown_table
 
 DESCRIPTION = "masked BNN vs BNN on the noisy cubic: coverage of 95-percent intervals (paper 95.3 vs 98.6) and bands"
 
@@ -132,7 +133,6 @@ def _model_result(m, s, args, x, y, x_eval, yt):
     run one after the other (or a run cut short resumed) and the report still
     holds both; a file from other settings is ignored and overwritten.
     """
-    import json
 
     seed = args.seed + 1 + ("mbnn", "bnn").index(m)  # per model, whatever the order of --models
     path = os.path.join(args.out, f"model_{m}.json")
@@ -154,7 +154,7 @@ def _model_result(m, s, args, x, y, x_eval, yt):
     band = (fg.mean(0),) + tuple(metrics.mixture_interval(fg, sig))
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
-        json.dump(_jsonable(dict(settings=s, seed=seed, result=res, band=band)), fh)
+        json.dump(jsonable(dict(settings=s, seed=seed, result=res, band=band)), fh)
     os.replace(tmp, path)
     if os.path.exists(chk):
         os.remove(chk)

@@ -32,11 +32,11 @@ def git_commit(cwd: str | None = None) -> str:
         return "unknown"
 
 
-def _jsonable(obj):
+def jsonable(obj):
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if isinstance(obj, float) and obj != obj:
@@ -61,7 +61,7 @@ def write(out_dir: str, name: str, config: dict, seed: int, wall_time_s: float, 
         "python": platform.python_version(),
         "figures": report.figures,
     }
-    payload = {**meta, "results": _jsonable(report.results)}
+    payload = {**meta, "results": jsonable(report.results)}
     tmp = os.path.join(out_dir, "results.json.tmp")
     with open(tmp, "w") as fh:
         json.dump(payload, fh, indent=2)
