@@ -163,8 +163,13 @@ def run_split(data, split: int, model_name: str, s: dict, seed: int, checkpoint=
     ilo, ihi = metrics.mixture_interval(f, sig)
     return dict(coverage=metrics.coverage(yte, ilo, ihi), rmse=metrics.rmse(yte, f.mean(0)),
                 nll=metrics.mixture_nll(yte, f, sig), crps=metrics.mixture_crps(yte, f, sig),
-                active=res.draws["active"].reshape(-1, 2).mean(0).tolist(),
+                active=res.draws["active"].reshape(-1, 2).mean(0).tolist(), **_spread(sig, ilo, ihi),
                 diagnostics=diagnostics(res, s["burnin"], keys=("sigma2", "f")), seconds=res.seconds)
+
+
+def _spread(sig, ilo, ihi) -> dict:
+    """Posterior mean of the noise sd and the mean width of the 95% predictive intervals (original units)."""
+    return dict(sigma_mean=float(np.mean(sig)), width_mean=float(np.mean(np.asarray(ihi) - np.asarray(ilo))))
 
 
 def _run_nsvi(xtr, ytr, xte, yte, s, seed):
@@ -182,7 +187,7 @@ def _run_nsvi(xtr, ytr, xte, yte, s, seed):
     keep = nsvi_active(params)
     return dict(coverage=metrics.coverage(yte, ilo, ihi), rmse=metrics.rmse(yte, f.mean(0)),
                 nll=metrics.mixture_nll(yte, f, sig), crps=metrics.mixture_crps(yte, f, sig),
-                active=[float(np.sum(keep[1])), float(np.sum(keep[2]))],
+                active=[float(np.sum(keep[1])), float(np.sum(keep[2]))], **_spread(sig, ilo, ihi),
                 diagnostics=dict(hmc_acceptance=float("nan"), rhat_f=float("nan")),
                 seconds=time.perf_counter() - start)
 
@@ -254,20 +259,26 @@ def _aggregate(out, s, cfg) -> Report:
             act = np.mean([c["active"] for c in cells], axis=0)
             entry["active"] = act.tolist()
             entry["seconds_per_split"] = float(np.mean([c["wall_seconds"] for c in cells]))
+            spread = [c for c in cells if "sigma_mean" in c]  # cells of older runs lack the two fields
+            for key in ("sigma_mean", "width_mean"):
+                entry[key] = float(np.mean([c[key] for c in spread])) if spread else float("nan")
             rh = [c["diagnostics"]["rhat_f"] for c in cells]
             entry["rhat_f_max"] = float(np.nanmax(rh)) if np.any(np.isfinite(rh)) else float("nan")
             entry["hmc_acceptance"] = float(np.mean([c["diagnostics"]["hmc_acceptance"] for c in cells]))
             row += [f"({act[0]:.0f}, {act[1]:.0f})" + (f" ({paper[4][0]}, {paper[4][1]})" if paper else ""),
+                    (f"{entry['sigma_mean']:.3g} / {entry['width_mean']:.3g}"
+                     + (f" ({len(spread)} of {len(cells)})" if len(spread) < len(cells) else "")) if spread else "-",
                     f"{entry['hmc_acceptance']:.2f}", f"{entry['rhat_f_max']:.2f}", f"{entry['seconds_per_split']:.0f}"]
             rows.append(row)
             summary.setdefault(ds, {})[m] = entry
     head = ["data set", "model", "splits", "coverage (paper)", "RMSE (paper)", "NLL (paper)", "CRPS (paper)",
-            "active nodes (paper)", "HMC acc", "max R-hat f", "s / split"]
+            "active nodes (paper)", "sigma / 95% width", "HMC acc", "max R-hat f", "s / split"]
     md = ["# Masked BNN on UCI regression (paper Tables 1 and 3)", "",
           markdown_table(head, rows) if rows else "_no finished cells yet_", "",
           "Each cell: our mean ± standard error over splits, the paper's mean in parentheses; '+' / '-' where we "
           "are better / worse beyond both error bars (coverage: closer to 0.95 is better; the paper gives no "
-          "standard error for some coverage cells, counted as 0).",
+          "standard error for some coverage cells, counted as 0). 'sigma / 95% width': posterior mean of the noise "
+          "sd and mean width of the 95% predictive intervals, in the target's units (the paper reports neither).",
           f"Settings: {s['chains']} chains per split, width {s['width']} (mBNN physical "
           f"{int(round(1.1 * s['width']))}), burn-in {s['burnin']}, {s['samples']} draws every {s['thinning']} "
           f"iterations, {s['leapfrog']} leapfrog steps (after burn-in at {s['step_scale']} x the adapted step), "

@@ -127,6 +127,8 @@ def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
     for name, entry in summary["yacht"].items():
         # yacht targets have std ~15: any working posterior predicts far better than the mean
         assert entry["splits"] == 2 and entry["rmse"][0] < 5 and math.isfinite(entry["nll"][0]), (name, entry)
+        # a 95% interval of a Gaussian (mixture) is about 3.9 noise sds wide or wider
+        assert 0 < 2 * entry["sigma_mean"] < entry["width_mean"], (name, entry)
     assert summary["yacht"]["mbnn-0.1"]["active"][0] < 40  # pruned from 40 active nodes
     res = _run("mbnn-ablation", "--quick", "--out", str(tmp_path / "abl"))
     assert res.returncode == 0, res.stderr[-3000:]
@@ -173,8 +175,11 @@ def test_mbnn_uci_table_flags_chains_that_did_not_mix(tmp_path):
             path = mbnn_uci._cell_path(str(tmp_path), "yacht", model, k)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as fh:
+                spread = dict(sigma_mean=0.5, width_mean=2.0) if (model, k) == ("bnn", 0) else {}
                 json.dump(dict(coverage=0.95, rmse=0.6, nll=0.9, crps=0.3, active=[100, 80], settings=cfg,
-                               wall_seconds=1.0, diagnostics=dict(hmc_acceptance=acc, rhat_f=rhat)), fh)
+                               wall_seconds=1.0, diagnostics=dict(hmc_acceptance=acc, rhat_f=rhat), **spread), fh)
     md = mbnn_uci.run(args).markdown
+    # cells written before the spread fields existed are tabulated without them
+    assert "| 0.5 / 2 (1 of 2) |" in md and "| (100, 80) (120, 76) | - |" in md
     warning = md[md.index("Mixing warning"):]
     assert "yacht/mbnn-0.1 (HMC acceptance 0.04, max R-hat 2.60)" in warning and "yacht/bnn" not in warning
