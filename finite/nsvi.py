@@ -14,7 +14,10 @@ estimated with the local reparameterisation trick (pre-activations sampled from 
 * ``KL(q(W | z) || p(W | z)) = 1/2 sum (log(1 / s^2) + s^2 + m^2 - 1)`` (the scales ``z`` cancel).
 
 A node whose ``log alpha`` exceeds ``threshold`` (3 by default, the paper's choice) is pruned: its scale is
-mostly noise. Regression adds a learned noise variance. Training uses optax (Adam).
+mostly noise. Regression adds a learned noise variance. Training uses optax (Adam) on the targets in their own
+units, as the authors did. (Training on standardised targets, mapped back exactly afterwards, was tried and
+rejected: under the paper's schedule it reached a worse training objective, e.g. on the first Energy split a
+negative ELBO of 8.0 against 2.7 nats per point.)
 """
 
 from __future__ import annotations
