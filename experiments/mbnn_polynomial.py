@@ -133,7 +133,6 @@ def _model_result(m, s, args, x, y, x_eval, yt):
     run one after the other (or a run cut short resumed) and the report still
     holds both; a file from other settings is ignored and overwritten.
     """
-
     seed = args.seed + 1 + ("mbnn", "bnn").index(m)  # per model, whatever the order of --models
     path = os.path.join(args.out, f"model_{m}.json")
     if os.path.exists(path):
