@@ -493,7 +493,8 @@ def _to_host(tree):
 def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 400, num_samples: int = 20,
            thinning: int = 200, functions: dict[str, Callable] | None = None, compact: bool = True,
            checkpoint: str | None = None, checkpoint_every: float = 60.0, progress: bool = True,
-           init_state: MBNNState | None = None, restart_adaptation: bool = True, chunk: int = 16) -> SampleResult:
+           init_state: MBNNState | None = None, restart_adaptation: bool = True, chunk: int = 16,
+           pool_step: str | None = None) -> SampleResult:
     """Run ``num_chains`` chains: burn-in (step size adapted), then ``num_samples`` draws every ``thinning`` iterations.
 
     functions: ``name -> fn(params, masks, sigma2, buckets)`` evaluated per chain at every kept draw (e.g. test
@@ -507,7 +508,14 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     iteration). Chunked blocks leave headroom for one mask move (``n_max`` nodes) instead of a whole
     iteration's ``n_mh * n_max``; an iteration whose masks outgrow them is recomputed with full headroom, so
     the chain is the same as with ``chunk=1`` (same keys; equal up to floating-point summation order).
+    pool_step: ``None`` (default): each chain keeps its own adapted step size. ``"min"``: at the end of burn-in
+    every chain takes the smallest of the chains' adapted step sizes (cross-chain adaptation, frozen before the
+    first kept iteration, so the sampling phase is a fixed kernel). A chain that is still far from the posterior
+    bulk when burn-in ends adapts to its flatter surroundings; its larger step then becomes unstable as it
+    descends, and the chain stops moving (Energy, RESULTS.md section 2).
     """
+    if pool_step not in (None, "min"):
+        raise ValueError(f"sample: pool_step must be None or 'min', got {pool_step!r}")
     if num_chains < 1 or num_burnin < 0 or num_samples < 1 or thinning < 1 or chunk < 1:
         raise ValueError("sample: need num_chains >= 1, num_burnin >= 0, num_samples >= 1, thinning >= 1, chunk >= 1")
     functions = dict(functions or {})
@@ -519,7 +527,8 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     if checkpoint and os.path.exists(checkpoint):
         with open(checkpoint, "rb") as fh:
             saved = pickle.load(fh)
-        if saved["config"] != _config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions)):
+        if saved["config"] != _config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions),
+                                      pool_step):
             raise ValueError(f"sample: checkpoint {checkpoint} was written with other settings; remove it to restart")
         states, key, done, seconds, draws, traces = (jax.tree_util.tree_map(jnp.asarray, saved["state"]),
                                                      jnp.asarray(saved["key"]), saved["done"], saved["seconds"],
@@ -548,7 +557,8 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
             return
         tmp = checkpoint + ".tmp"
         with open(tmp, "wb") as fh:
-            pickle.dump(dict(config=_config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions)),
+            pickle.dump(dict(config=_config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions),
+                                            pool_step),
                              state=_to_host(states), key=np.asarray(key), done=done, seconds=seconds,
                              draws=draws, traces=traces), fh)
         os.replace(tmp, checkpoint)
@@ -581,9 +591,14 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
                 # masks prune), and step sizes averaged over that transient are too large afterwards
                 da_init = sampler._da().init
                 states = states._replace(da=jax.vmap(lambda d: da_init(jnp.exp(d.log_step_size)))(states.da))
-            # the next event (adaptation restart, kept draw, end) closes the chunk
+            if pool_step == "min" and done == num_burnin > 0:  # idempotent, so a resume at this point is safe
+                low = jnp.min(states.da.log_step_size_avg)
+                states = states._replace(da=states.da._replace(
+                    log_step_size_avg=jnp.full_like(states.da.log_step_size_avg, low)))
+            # the next event (adaptation restart, end of burn-in, kept draw, end) closes the chunk
             next_draw = num_burnin + thinning * ((max(done - num_burnin, 0)) // thinning + 1)
-            stop = min(total, next_draw, restart_at if restart_at is not None and restart_at > done else total)
+            stop = min(total, next_draw, restart_at if restart_at is not None and restart_at > done else total,
+                       num_burnin if done < num_burnin else total)
             n_valid = min(chunk, stop - done)
             counts = counts_now()
             # fresh power-of-two blocks every call: a count wandering across a boundary switches between
@@ -629,9 +644,10 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     return SampleResult(stacked_draws, stacked_traces, states, seconds, done)
 
 
-def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_names):
+def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_names, pool_step=None):
     s = sampler
-    return dict(net=tuple(s.model.net), n=s.model.n, lik=s.model.likelihood, scale=s.model.prior_scale,
+    extra = {} if pool_step is None else {"pool_step": pool_step}  # absent by default: older checkpoints resume
+    return dict(**extra, net=tuple(s.model.net), n=s.model.n, lik=s.model.likelihood, scale=s.model.prior_scale,
                 lam=s.model.lam, sigma2_prior=tuple(s.model.sigma2_prior), K=s.num_integration_steps,
                 eps=s.step_size, n_mh=s.n_mh, n_max=s.n_max, birth=s.birth, death=s.death, guard=s.authors_guard,
                 kernel=s.theta_kernel, refresh=s.refresh_every, step_scale=s.step_scale, chains=num_chains,

@@ -169,8 +169,8 @@ def test_mbnn_uci_table_flags_chains_that_did_not_mix(tmp_path):
 
     args = build_parser().parse_args(["mbnn-uci", "--quick", "--aggregate-only", "--out", str(tmp_path)])
     s = mbnn_uci.settings(args)
-    cfg = {k: v for k, v in s.items() if k not in ("datasets", "models", "splits")}
     for model, acc, rhat in (("bnn", 0.7, 1.02), ("mbnn-0.1", 0.04, 2.6)):
+        cfg = mbnn_uci._cfg(s, "yacht", model)
         for k in range(2):
             path = mbnn_uci._cell_path(str(tmp_path), "yacht", model, k)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -183,3 +183,20 @@ def test_mbnn_uci_table_flags_chains_that_did_not_mix(tmp_path):
     assert "| 0.5 / 2 (1 of 2) |" in md and "| (100, 80) (120, 76) | - |" in md
     warning = md[md.index("Mixing warning"):]
     assert "yacht/mbnn-0.1 (HMC acceptance 0.04, max R-hat 2.60)" in warning and "yacht/bnn" not in warning
+
+
+def test_mbnn_uci_per_dataset_sampler_settings():
+    """Energy's sampler runs with pooled post-burn-in steps; NS-VI cells and the other data sets keep the global
+    settings (so their finished cells still count), and an explicit --pool-step applies everywhere."""
+    from experiments import mbnn_uci
+    from experiments.__main__ import build_parser
+
+    s = mbnn_uci.settings(build_parser().parse_args(["mbnn-uci", "--out", "x"]))
+    assert mbnn_uci.dataset_settings(s, "energy", "mbnn-0.1")["pool_step"] == "min"
+    assert "pool_step" in mbnn_uci._cfg(s, "energy", "bnn")
+    for ds, model in (("energy", "nsvi"), ("yacht", "mbnn-0.1"), ("boston", "bnn")):
+        assert "pool_step" not in mbnn_uci._cfg(s, ds, model), (ds, model)
+    s = mbnn_uci.settings(build_parser().parse_args(["mbnn-uci", "--out", "x", "--pool-step", "chain"]))
+    assert "pool_step" not in mbnn_uci._cfg(s, "energy", "mbnn-0.1")
+    s = mbnn_uci.settings(build_parser().parse_args(["mbnn-uci", "--out", "x", "--pool-step", "min"]))
+    assert mbnn_uci._cfg(s, "yacht", "mbnn-0.1")["pool_step"] == "min"

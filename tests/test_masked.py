@@ -463,3 +463,19 @@ def test_step_scale_shrinks_only_the_post_burnin_step():
                  progress=False, chunk=1)
     avg = np.exp(np.asarray(res.state.da.log_step_size_avg))
     np.testing.assert_allclose(res.traces["step_size"][:, -1], 0.5 * avg, rtol=1e-5)
+
+
+def test_pool_step_gives_every_chain_the_smallest_adapted_step():
+    """``pool_step='min'``: burn-in is untouched (same keys, same chains), then every chain samples with the
+    smallest of the per-chain adapted steps; without pooling the chains' steps differ."""
+    model = _poly_model(width=12, n=10)
+    sampler = mbnn_sampler(model, step_size=1e-2, n_mh=3, step_scale=0.5)
+    runs = {pool: sample(sampler, jax.random.PRNGKey(3), num_chains=3, num_burnin=24, num_samples=2, thinning=3,
+                         progress=False, chunk=8, pool_step=pool) for pool in (None, "min")}
+    own, pooled = runs[None].traces["step_size"], runs["min"].traces["step_size"]
+    np.testing.assert_allclose(pooled[:, :24], own[:, :24], rtol=1e-6)  # burn-in identical
+    assert np.ptp(own[:, -1]) > 0  # the chains adapted to different steps
+    np.testing.assert_allclose(pooled[:, 24:], own[:, -1].min(), rtol=1e-5)  # all chains, every sampling iteration
+    with pytest.raises(ValueError, match="pool_step"):
+        sample(sampler, jax.random.PRNGKey(3), num_chains=2, num_burnin=4, num_samples=1, progress=False,
+               pool_step="mean")
