@@ -592,9 +592,7 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
                 da_init = sampler._da().init
                 states = states._replace(da=jax.vmap(lambda d: da_init(jnp.exp(d.log_step_size)))(states.da))
             if pool_step == "min" and done == num_burnin > 0:  # idempotent, so a resume at this point is safe
-                low = jnp.min(states.da.log_step_size_avg)
-                states = states._replace(da=states.da._replace(
-                    log_step_size_avg=jnp.full_like(states.da.log_step_size_avg, low)))
+                states = pool_min_step(states)
             # the next event (adaptation restart, end of burn-in, kept draw, end) closes the chunk
             next_draw = num_burnin + thinning * ((max(done - num_burnin, 0)) // thinning + 1)
             stop = min(total, next_draw, restart_at if restart_at is not None and restart_at > done else total,
@@ -642,6 +640,12 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     stacked_draws = {k: np.stack(v, axis=1) for k, v in draws.items()}
     stacked_traces = {f: np.stack([getattr(t, f) for t in traces], axis=1) for f in MBNNInfo._fields}
     return SampleResult(stacked_draws, stacked_traces, states, seconds, done)
+
+
+def pool_min_step(states: MBNNState) -> MBNNState:
+    """Chains stacked on a leading axis, each given the smallest of their adapted (averaged) step sizes."""
+    avg = states.da.log_step_size_avg
+    return states._replace(da=states.da._replace(log_step_size_avg=jnp.full_like(avg, jnp.min(avg))))
 
 
 def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_names, pool_step=None):

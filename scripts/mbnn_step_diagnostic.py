@@ -25,7 +25,7 @@ import numpy as np
 
 from experiments import mbnn_uci
 from experiments.data import load_uci
-from samplers.mbnn import sample
+from samplers.mbnn import pool_min_step, sample
 
 
 def main() -> None:
@@ -57,8 +57,7 @@ def main() -> None:
         pool, scale = tag.split("-")
         st = st0
         if pool == "min":
-            low = jnp.min(st.da.log_step_size_avg)
-            st = st._replace(da=st.da._replace(log_step_size_avg=jnp.full_like(st.da.log_step_size_avg, low)))
+            st = pool_min_step(st)
         elif pool != "chain":
             raise SystemExit(f"variant {tag!r}: POOL must be 'chain' or 'min'")
         t = time.time()
