@@ -45,6 +45,9 @@ __all__ = [
     "batched_kernel_fn",
     "diagonal",
     "kernel_memory_bytes",
+    "ParametricKernel",
+    "rbf",
+    "softplus_inverse",
 ]
 
 _VALID_GET = ("nngp", "ntk")
@@ -344,3 +347,65 @@ def _diagonal_fn(kernel_fn: Callable, names: tuple[str, ...]):
         return tuple(getattr(out, n)[0, 0] for n in names)
 
     return jax.jit(jax.vmap(one))
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels with trainable hyperparameters
+
+
+class ParametricKernel(NamedTuple):
+    """A kernel whose hyperparameters are a pytree: the contract shared by hyperparameter fitting
+    (`smnngp.hyper`) and the variational posteriors (`smnngp.variational`).
+
+    ``apply(theta, x1, x2)`` returns the (N1, N2) covariance matrix (``x2=None`` means ``x1``); it is
+    ``jit``-able and differentiable in ``theta``, a pytree of *unconstrained* arrays (``apply`` maps them to
+    positive scales itself, e.g. by softplus), so that optax can step on ``theta`` directly. ``theta`` is the
+    initial value; ``constrain(theta)`` returns the user-facing (positive) values as a dict.
+    """
+
+    apply: Callable
+    theta: Any
+    constrain: Callable
+
+    def __call__(self, x1, x2=None):
+        """The kernel at the current ``theta`` (a plain ``k(x1, x2)``)."""
+        return self.apply(self.theta, x1, x2)
+
+    def with_theta(self, theta) -> ParametricKernel:
+        """The same kernel at other hyperparameters."""
+        return self._replace(theta=theta)
+
+
+def softplus_inverse(y):
+    """``x`` with ``softplus(x) = y`` for ``y > 0`` (stable for large ``y``)."""
+    y = jnp.asarray(y)
+    return y + jnp.log(-jnp.expm1(-y))
+
+
+def rbf(lengthscale=1.0, variance=1.0) -> ParametricKernel:
+    """Squared-exponential kernel ``variance * exp(-|x1 - x2|^2 / (2 lengthscale^2))``.
+
+    Inputs of any per-point shape are flattened. ``lengthscale`` may be a scalar or one value per
+    feature (ARD). Both are kept positive by softplus; they must be positive and finite.
+    """
+    ls = np.asarray(lengthscale, dtype=float)
+    var = float(variance)
+    if not (np.all(np.isfinite(ls)) and np.all(ls > 0)):
+        raise ValueError(f"rbf: lengthscale must be positive and finite, got {lengthscale!r}")
+    if not (math.isfinite(var) and var > 0):
+        raise ValueError(f"rbf: variance must be positive and finite, got {variance!r}")
+    theta = {"lengthscale": softplus_inverse(jnp.asarray(ls)), "variance": softplus_inverse(jnp.asarray(var))}
+
+    def constrain(theta):
+        return {k: jax.nn.softplus(v) for k, v in theta.items()}
+
+    def apply(theta, x1, x2=None):
+        p = constrain(theta)
+        a = jnp.reshape(x1, (x1.shape[0], -1))
+        b = a if x2 is None else jnp.reshape(x2, (x2.shape[0], -1))
+        ls = p["lengthscale"].astype(a.dtype)
+        a, b = a / ls, b / ls
+        sq = jnp.sum(a**2, 1)[:, None] + jnp.sum(b**2, 1)[None, :] - 2.0 * a @ b.T
+        return p["variance"].astype(a.dtype) * jnp.exp(-0.5 * jnp.clip(sq, 0.0, None))
+
+    return ParametricKernel(apply, theta, constrain)
