@@ -44,6 +44,34 @@ def jsonable(obj):
     return obj
 
 
+def write_json_atomic(path: str, obj) -> None:
+    """Write ``obj`` (made `jsonable`) to ``path`` atomically: a reader never sees half a file, and an
+    interrupted run leaves the previous version in place."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(jsonable(obj), fh, indent=1)
+    os.replace(tmp, path)
+
+
+def cell(path: str, config: dict, compute, *, log=None) -> dict:
+    """A resumable unit of an experiment: the result stored at ``path`` when it was computed with the same
+    ``config``, else ``compute()`` (a dict), stored with its config before it is returned.
+
+    A stored cell with a different config is recomputed and overwritten (``log`` is told why)."""
+    config = jsonable(config)
+    if os.path.exists(path):
+        with open(path) as fh:
+            saved = json.load(fh)
+        if saved.get("config") == config:
+            return saved["result"]
+        if log is not None:
+            log(f"{path}: settings changed, recomputing")
+    result = jsonable(compute())
+    write_json_atomic(path, {"config": config, "result": result})
+    return result
+
+
 def write(out_dir: str, name: str, config: dict, seed: int, wall_time_s: float, report: Report) -> str:
     """Write results.json and results.md into ``out_dir``; return the markdown path."""
     import jax
