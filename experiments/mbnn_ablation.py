@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from experiments.report import Report, markdown_table
+from experiments.report import Report, markdown_table, write_json_atomic
 
 DESCRIPTION = "mask proposal ablation on Yacht: active-node ratio through burn-in, 9 birth x death pairs (Fig. 3)"
 
@@ -59,10 +59,7 @@ def run(args) -> Report:
             res = sample(sampler, jax.random.PRNGKey(args.seed), num_chains=s["chains"], num_burnin=s["iterations"],
                          num_samples=1, thinning=1, progress=True)
             ratio = res.traces["active"].sum(-1).mean(0)[: s["iterations"]] / (2.0 * s["width"])
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w") as fh:
-                json.dump(dict(settings=cfg, ratio=ratio.tolist(), seconds=res.seconds), fh)
-            os.replace(path + ".tmp", path)
+            write_json_atomic(path, dict(settings=cfg, ratio=ratio.tolist(), seconds=res.seconds))
             traces[(birth, death)] = ratio
         r = traces[(birth, death)]
         rows.append([birth, death, f"{r[len(r) // 4]:.3f}", f"{r[len(r) // 2]:.3f}", f"{r[-1]:.3f}"])

@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from experiments import metrics
-from experiments.report import Report, markdown_table
+from experiments.report import Report, markdown_table, write_json_atomic
 
 DESCRIPTION = "masked BNN vs BNN on Boston/Concrete/Energy/Yacht, 20 splits (paper Tables 1 and 3)"
 
@@ -245,9 +245,7 @@ def run(args) -> Report:
                 cell = run_split(data, k, m, dataset_settings(s, ds, m), seed=1000 * args.seed + k,
                                  checkpoint=path + ".chk.pkl")
                 cell.update(settings=_cfg(s, ds, m), wall_seconds=time.perf_counter() - start)
-                with open(path + ".tmp", "w") as fh:
-                    json.dump(cell, fh)
-                os.replace(path + ".tmp", path)
+                write_json_atomic(path, cell)
                 if os.path.exists(path + ".chk.pkl"):
                     os.remove(path + ".chk.pkl")
     return _aggregate(args.out, s)
