@@ -430,3 +430,219 @@ def test_standardizer_shape_errors():
         data.Standardizer(np.zeros(5), np.zeros(5))
     with pytest.raises(ValueError, match=r"y must have shape \(5,\).*\(4,\)"):
         data.Standardizer(np.zeros((5, 2)), np.zeros(4))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the checksum table (a data file in the package) and the package layout
+
+
+def test_checksum_table_is_package_data_and_covers_every_registered_file():
+    import importlib.resources
+
+    text = importlib.resources.files("experiments.data").joinpath("sha256sums.txt").read_text()
+    sums = data.checksums()
+    assert len(sums) == len(text.strip().splitlines())
+    registered = {f.path: f.sha256 for ds in data.DATASETS.values() for f in ds.files.values()}
+    assert registered == dict(sums)  # every file has its line, and no line is orphaned
+    # the image sets' hashes as TensorFlow Datasets publishes them (url_checksums/*.txt)
+    assert data.get_dataset("mnist").files["train-images-idx3-ubyte.gz"].sha256.startswith("440fcabf73cc546f")
+    assert data.get_dataset("svhn").files["test_32x32.mat"].sha256.startswith("cdce80dfb2a2c4c6")
+    assert data.get_dataset("emnist-letters").files["gzip.zip"].sha256.startswith("fb9bb67e33772a9c")
+
+
+def test_sha256sums_parser_rejects_malformed_and_repeated_lines():
+    good = "a" * 64
+    assert data.registry.parse_sha256sums(f"{good}  ./x/y.txt\n\n{'b' * 64} *z.bin\n") == {
+        "x/y.txt": good,
+        "z.bin": "b" * 64,
+    }
+    with pytest.raises(data.DataError, match="t.txt line 2: expected"):
+        data.registry.parse_sha256sums(f"{good}  a\n{good[:-1]}  b\n", "t.txt")
+    with pytest.raises(data.DataError, match="line 2: a is listed twice"):
+        data.registry.parse_sha256sums(f"{good}  a\n{good}  a\n")
+
+
+def test_a_file_without_checksum_is_refused(env, server, monkeypatch):
+    (server.root / "orphan.txt").write_text("1\n")
+    f = data.registry.data_file("uci/none/orphan.txt", "uci", "orphan.txt", lambda p: p)
+    assert f.sha256 is None
+    monkeypatch.setitem(data.registry._DATASETS, "orphan", data.registry.single_file_dataset("orphan", "", f))
+    with pytest.raises(data.DataError, match="orphan.txt has no SHA-256 in sha256sums.txt"):
+        data.load("orphan")
+    assert server.requests == []
+
+
+def test_is_available_checks_data_dir_and_cache(env, tmp_path, monkeypatch):
+    assert not data.is_available("cascaded-tanks")
+    local = tmp_path / "local" / "cascaded_tanks"
+    local.mkdir(parents=True)
+    (local / "dataBenchmark.csv").write_text("x")
+    monkeypatch.setenv("SMNNGP_DATA_DIR", str(local.parent))
+    assert data.is_available("cascaded-tanks")
+    monkeypatch.delenv("SMNNGP_DATA_DIR")
+    (env / "cascaded_tanks").mkdir(parents=True)
+    (env / "cascaded_tanks/dataBenchmark.csv").write_text("x")
+    assert data.is_available("cascaded-tanks")
+    assert data.available_image_sets()[0] == "digits"
+
+
+@needs_data
+def test_command_line_and_import_without_it():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SMNNGP_DATA_DIR=str(SHARED), SMNNGP_DATA_URL_UCI="http://127.0.0.1:1")
+    run = subprocess.run([sys.executable, "-m", "experiments.data", "yacht"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "yacht: 44 files verified" in run.stdout, run.stderr
+    probe = "import sys, experiments.data; print(sorted(m for m in sys.modules if m.endswith('__main__')))"
+    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "['__main__']", run.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# image sets: parsers on small files written here in each source's format (no download)
+
+
+def _idx(array: np.ndarray, code: int = 0x08) -> bytes:
+    """IDX as LeCun describes it: 0, 0, type code, rank, big-endian int32 sizes, big-endian values."""
+    dtype = {0x08: ">u1", 0x0C: ">i4", 0x0D: ">f4"}[code]
+    header = bytes([0, 0, code, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    return header + np.asarray(array, dtype).tobytes()
+
+
+def test_idx_parser():
+    images = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    out = data.parse_idx(_idx(images))
+    assert out.dtype == np.uint8 and out.shape == (2, 3, 4)
+    np.testing.assert_array_equal(out, images)
+    big = np.array([[1, -2], [70000, 3]], np.int64)
+    out = data.parse_idx(_idx(big, 0x0C))
+    assert out.dtype == np.int32 and out.dtype.isnative
+    np.testing.assert_array_equal(out, big)
+    np.testing.assert_array_equal(data.parse_idx(_idx(np.array([0.5, -2.0]), 0x0D)), [0.5, -2.0])
+    with pytest.raises(data.DataError, match="not an IDX file"):
+        data.parse_idx(b"\x01\x00\x08\x01" + bytes(8))
+    with pytest.raises(data.DataError, match="unknown IDX type code 0x07"):
+        data.parse_idx(b"\x00\x00\x07\x01" + bytes(8))
+    with pytest.raises(data.DataError, match=r"shape \(2, 3, 4\) \(24 bytes\), found 23"):
+        data.parse_idx(_idx(images)[:-1], "x.idx")
+
+
+def _gz(raw: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(raw, mtime=0)
+
+
+def _mnist_like(rng, n):
+    return rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8), rng.integers(0, 10, size=n).astype(np.uint8)
+
+
+def test_mnist_family_downloads_parse_and_load_as_floats(env, server, monkeypatch):
+    """A fake MNIST served by the local server under the registered file names, with the registry's hashes
+    swapped for those of the fake files: download, verification, parsing and `load_images` end to end."""
+    import dataclasses
+
+    rng = np.random.default_rng(0)
+    parts = {"train": _mnist_like(rng, 7), "t10k": _mnist_like(rng, 3)}
+    ds = data.get_dataset("fashion-mnist")
+    files = {}
+    for split, (images, labels) in parts.items():
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            name = f"{split}-{kind}-ubyte.gz"
+            (server.root / name).write_bytes(_gz(_idx(array)))
+            files[name] = dataclasses.replace(ds.files[name], sha256=_sha(server.root / name))
+    assert files.keys() == ds.files.keys()
+    fake = data.Dataset(ds.name, ds.description, types.MappingProxyType(files), ds.loader)
+    monkeypatch.setitem(data.registry._DATASETS, "fashion-mnist", fake)
+    raw = data.load("fashion-mnist")
+    assert raw.x_train.shape == (7, 28, 28, 1) and raw.x_train.dtype == np.uint8 and raw.y_test.dtype == np.int64
+    d = data.load_images("fashion-mnist")
+    assert d.name == "fashion-mnist" and d.num_classes == 10 and d.x_test.shape == (3, 28, 28, 1)
+    assert d.x_train.dtype == np.float32 and 0.0 <= d.x_train.min() and d.x_train.max() <= 1.0
+    np.testing.assert_allclose(d.x_train[..., 0], parts["train"][0] / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(d.y_test, parts["t10k"][1])
+    assert sorted(server.requests) == sorted(f"/{n}" for n in files)
+    assert data.load_images("fashion-mnist", dtype=np.float64).x_train.dtype == np.float64
+    assert data.is_available("fashion-mnist")
+
+
+def test_emnist_letters_members_of_the_zip(tmp_path):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "gzip.zip"
+    members = {}
+    with zipfile.ZipFile(path, "w") as zf:
+        for split, n in (("train", 5), ("test", 2)):
+            images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+            labels = rng.integers(1, 27, size=n).astype(np.uint8)
+            labels[0] = 26 if split == "train" else 1
+            members[split] = images, labels
+            zf.writestr(f"gzip/emnist-letters-{split}-images-idx3-ubyte.gz", _gz(_idx(images)))
+            zf.writestr(f"gzip/emnist-letters-{split}-labels-idx1-ubyte.gz", _gz(_idx(labels)))
+            zf.writestr(f"gzip/emnist-digits-{split}-labels-idx1-ubyte.gz", _gz(_idx(labels % 10)))
+    parse = data.get_dataset("emnist-letters").files["gzip.zip"].parser
+    out = parse(path)
+    assert out.x_train.shape == (5, 28, 28, 1) and out.x_test.shape == (2, 28, 28, 1)
+    np.testing.assert_array_equal(out.x_train[:, :, :, 0], members["train"][0].transpose(0, 2, 1))  # upright
+    np.testing.assert_array_equal(out.y_train, members["train"][1] - 1.0)
+    assert out.y_train[0] == 25 and out.y_test[0] == 0
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("gzip/emnist-letters-train-images-idx3-ubyte.gz", _gz(_idx(members["train"][0])))
+    with pytest.raises(data.DataError, match="emnist-letters-train-labels-idx1-ubyte.gz missing"):
+        parse(path)
+
+
+def test_svhn_mat_files(tmp_path):
+    import scipy.io
+
+    rng = np.random.default_rng(2)
+    X = rng.integers(0, 256, size=(32, 32, 3, 4), dtype=np.uint8)
+    y = np.array([[10], [1], [9], [10]], np.uint8)
+    scipy.io.savemat(tmp_path / "test_32x32.mat", {"X": X, "y": y})
+    parse = data.get_dataset("svhn").files["test_32x32.mat"].parser
+    x, labels = parse(tmp_path / "test_32x32.mat")
+    assert x.shape == (4, 32, 32, 3) and x.dtype == np.uint8
+    np.testing.assert_array_equal(x[2], X[:, :, :, 2])
+    np.testing.assert_array_equal(labels, [0, 1, 9, 0])
+    scipy.io.savemat(tmp_path / "bad.mat", {"X": X, "y": y[:3]})
+    with pytest.raises(data.DataError, match=r"X has shape \(32, 32, 3, 4\).*n = 3"):
+        parse(tmp_path / "bad.mat")
+
+
+def test_image_registry_urls(monkeypatch):
+    for source in ("mnist", "fashion_mnist", "kmnist", "emnist", "svhn", "cifar"):
+        monkeypatch.delenv("SMNNGP_DATA_URL_" + source.upper(), raising=False)
+    url = {name: [f.url for f in data.get_dataset(name).files.values()] for name in data.IMAGE_NAMES[1:]}
+    assert url["mnist"][0] == "https://storage.googleapis.com/cvdf-datasets/mnist/train-images-idx3-ubyte.gz"
+    assert url["kmnist"][3] == "http://codh.rois.ac.jp/kmnist/dataset/kmnist/t10k-labels-idx1-ubyte.gz"
+    assert url["fashion-mnist"][2].startswith("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/t10k")
+    assert url["emnist-letters"] == ["https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip"]
+    assert url["svhn"] == [f"http://ufldl.stanford.edu/housenumbers/{s}_32x32.mat" for s in ("train", "test")]
+    assert url["cifar10"] == ["https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"]
+    assert data.get_dataset("mnist").files["t10k-images-idx3-ubyte.gz"].path == "mnist/t10k-images-idx3-ubyte.gz"
+    with pytest.raises(ValueError, match="unknown image set 'mnst'.*digits, mnist"):
+        data.load_images("mnst")
+    with pytest.raises(ValueError, match="floating"):
+        data.load_images("digits", dtype=np.uint8)
+
+
+def test_digits_split_is_stratified_deterministic_and_documented():
+    from sklearn.datasets import load_digits
+
+    d = data.load_images("digits")
+    assert (d.name, d.num_classes) == ("digits", 10)
+    assert d.x_train.shape == (1347, 8, 8, 1) and d.x_test.shape == (450, 8, 8, 1) and d.x_train.dtype == np.float32
+    assert d.x_train.min() == 0.0 and d.x_train.max() == 1.0
+    bunch = load_digits()
+    train, test = data.stratified_split(bunch.target, 450, 0)
+    np.testing.assert_array_equal(np.sort(np.concatenate([train, test])), np.arange(1797))
+    np.testing.assert_allclose(d.x_test[..., 0], bunch.images[test] / 16.0, rtol=1e-6)
+    np.testing.assert_array_equal(d.y_train, bunch.target[train])
+    share = 450 * np.bincount(bunch.target) / 1797
+    assert np.all(np.abs(np.bincount(d.y_test) - share) < 1)  # every class its share, rounded
+    again = data.load_images("digits", dtype=np.float64)
+    np.testing.assert_array_equal(again.y_test, d.y_test)
+    assert not np.array_equal(data.stratified_split(bunch.target, 450, 1)[1], test)
+    with pytest.raises(ValueError, match="n_test"):
+        data.stratified_split(bunch.target, 1798, 0)
