@@ -1,4 +1,13 @@
-"""One home for the metrics and summaries that experiments report."""
+"""One home for the metrics and summaries that experiments report.
+
+Regression: `rmse`, and for equally weighted Gaussian mixtures (posterior-sample predictives) `mixture_nll`,
+`mixture_crps`, `mixture_interval`, `coverage`. Summaries: `mean_se`, `format_mean_se`, `compare_marker`.
+
+Classification, on predicted class probabilities ``probs`` (n, C) and integer labels (n,): `accuracy`,
+`categorical_nll`, `brier_score`, `expected_calibration_error` (equal-width or equal-mass bins) with
+`calibration_bins` for reliability diagrams, `predictive_entropy`, `max_probability`, and `ood_auroc` for
+out-of-distribution detection from such a score.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,8 @@ import math
 import numpy as np
 
 __all__ = ["rmse", "mean_se", "compare_marker", "format_mean_se", "mixture_nll", "mixture_crps", "mixture_interval",
-           "coverage", "expected_calibration_error"]
+           "coverage", "accuracy", "categorical_nll", "brier_score", "calibration_bins", "expected_calibration_error",
+           "predictive_entropy", "max_probability", "ood_auroc", "BINNINGS"]
 
 
 def rmse(y, mean) -> float:
@@ -124,23 +134,135 @@ def coverage(y, lo, hi) -> float:
     return float(np.mean((y >= np.asarray(lo)) & (y <= np.asarray(hi))))
 
 
-def expected_calibration_error(probs, labels, bins: int = 15) -> float:
-    """Top-label ECE with equal-width confidence bins: ``sum_b (n_b / n) |acc_b - conf_b|``.
+# ---------------------------------------------------------------------------
+# classification
+# ---------------------------------------------------------------------------
+
+BINNINGS = ("equal-width", "equal-mass")
+PROB_SUM_TOL = 1e-3  # rows of probs must sum to 1 within this (catches logits passed by mistake)
+
+
+def _probs(probs, who: str) -> np.ndarray:
+    p = np.asarray(probs, float)
+    if p.ndim != 2 or p.shape[0] == 0 or p.shape[1] == 0:
+        raise ValueError(f"{who}: probs must be (n, classes) with n, classes >= 1, got shape {p.shape}")
+    if not np.isfinite(p).all() or p.min() < 0:
+        raise ValueError(f"{who}: probs must be finite and non-negative")
+    sums = p.sum(1)
+    if np.max(np.abs(sums - 1.0)) > PROB_SUM_TOL:
+        raise ValueError(f"{who}: each row of probs must sum to 1, got sums in [{sums.min():.6g}, {sums.max():.6g}]")
+    return p
+
+
+def _probs_labels(probs, labels, who: str) -> tuple[np.ndarray, np.ndarray]:
+    p = _probs(probs, who)
+    y = np.asarray(labels).reshape(-1)
+    if y.shape[0] != p.shape[0]:
+        raise ValueError(f"{who}: {y.shape[0]} labels for probs of shape {p.shape}")
+    if y.dtype.kind not in "iu":
+        if y.dtype.kind != "f" or not np.all(y == np.round(y)):
+            raise ValueError(f"{who}: labels must be integers, got dtype {y.dtype}")
+        y = y.astype(np.int64)
+    if y.min() < 0 or y.max() >= p.shape[1]:
+        raise ValueError(f"{who}: labels must be in 0..{p.shape[1] - 1}, got {y.min()}..{y.max()}")
+    return p, y
+
+
+def accuracy(probs, labels) -> float:
+    """Fraction of points whose most probable class (the first, on ties) is the label."""
+    p, y = _probs_labels(probs, labels, "accuracy")
+    return float(np.mean(p.argmax(1) == y))
+
+
+def categorical_nll(probs, labels, eps: float = 1e-12) -> float:
+    """Mean negative log-likelihood ``-(1/n) sum_i log p_i[y_i]`` (nats), with ``p_i[y_i]`` clipped to
+    ``[eps, 1]`` so that a zero probability costs ``-log(eps)`` (27.6 nats by default) instead of infinity.
+
+    For the Monte-Carlo predictive of the notes (Sec. 3.4), pass ``probs = mean_s softmax(f_s)``."""
+    p, y = _probs_labels(probs, labels, "categorical_nll")
+    if not 0 < eps < 1:
+        raise ValueError(f"categorical_nll: eps must be in (0, 1), got {eps}")
+    return float(-np.mean(np.log(np.clip(p[np.arange(y.size), y], eps, 1.0))))
+
+
+def brier_score(probs, labels) -> float:
+    """Multi-class Brier score (Brier 1950): ``(1/n) sum_i sum_c (p_ic - [c = y_i])^2``, in [0, 2]. (For two
+    classes it is twice scikit-learn's ``brier_score_loss``, which scores one class's probability only.)"""
+    p, y = _probs_labels(probs, labels, "brier_score")
+    target = np.zeros_like(p)
+    target[np.arange(y.size), y] = 1.0
+    return float(np.mean(np.sum((p - target) ** 2, axis=1)))
+
+
+def calibration_bins(probs, labels, bins: int = 15, binning: str = "equal-width"):
+    """Top-label reliability bins: ``(confidence, accuracy, count)``, arrays over the non-empty bins in order
+    of confidence, where confidence is ``max_c p_ic`` and accuracy whether its argmax is the label.
+
+    * ``"equal-width"``: bin ``b`` holds confidences in ``(b / B, (b + 1) / B]`` (a confidence of exactly 0
+      joins the first bin), as in Guo et al. (2017).
+    * ``"equal-mass"``: points sorted by confidence (stable sort) are cut into ``B`` consecutive groups whose
+      sizes differ by at most one, the larger first (``np.array_split``); Nixon et al. (2019), Roelofs et
+      al. (2022). Equal confidences may fall on both sides of a cut.
+    """
+    p, y = _probs_labels(probs, labels, "calibration_bins")
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise ValueError(f"calibration_bins: bins must be a positive integer, got {bins!r}")
+    conf = p.max(1)
+    correct = (p.argmax(1) == y).astype(float)
+    if binning == "equal-width":
+        edges = np.linspace(0.0, 1.0, bins + 1)
+        which = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, bins - 1)
+        groups = [np.flatnonzero(which == b) for b in range(bins)]
+    elif binning == "equal-mass":
+        groups = np.array_split(np.argsort(conf, kind="stable"), bins)
+    else:
+        raise ValueError(f"calibration_bins: unknown binning {binning!r}; choose one of {', '.join(BINNINGS)}")
+    groups = [g for g in groups if g.size]
+    return (np.array([conf[g].mean() for g in groups]), np.array([correct[g].mean() for g in groups]),
+            np.array([g.size for g in groups]))
+
+
+def expected_calibration_error(probs, labels, bins: int = 15, binning: str = "equal-width") -> float:
+    """Top-label ECE ``sum_b (n_b / n) |acc_b - conf_b|`` over `calibration_bins` (equal-width by default,
+    ``binning="equal-mass"`` for equal-mass bins).
 
     (The masked-BNN paper's numbers come from the ``uncertainty-calibration`` package's debiased marginal
     l2 estimator, a different quantity; this is the common definition.)
     """
-    probs = np.asarray(probs, float)
-    labels = np.asarray(labels).reshape(-1)
-    if probs.ndim != 2 or probs.shape[0] != labels.shape[0]:
-        raise ValueError(f"ece: probs must be (n, classes) with n = len(labels), got {probs.shape}")
-    conf = probs.max(1)
-    correct = probs.argmax(1) == labels
-    edges = np.linspace(0, 1, bins + 1)
-    which = np.clip(np.digitize(conf, edges[1:-1]), 0, bins - 1)
-    total = 0.0
-    for b in range(bins):
-        sel = which == b
-        if sel.any():
-            total += sel.mean() * abs(correct[sel].mean() - conf[sel].mean())
-    return float(total)
+    conf, acc, count = calibration_bins(probs, labels, bins, binning)
+    return float(np.sum(count * np.abs(acc - conf)) / np.sum(count))
+
+
+def predictive_entropy(probs) -> np.ndarray:
+    """Entropy ``-sum_c p_c log p_c`` (nats; ``0 log 0 = 0``) of each row: (n,)."""
+    from scipy.special import entr
+
+    return entr(_probs(probs, "predictive_entropy")).sum(1)
+
+
+def max_probability(probs) -> np.ndarray:
+    """Confidence ``max_c p_c`` of each row: (n,)."""
+    return _probs(probs, "max_probability").max(1)
+
+
+def ood_auroc(score, is_ood, higher_is_ood: bool = True) -> float:
+    """Area under the ROC curve for telling out-of-distribution points (``is_ood`` true) from in-distribution
+    ones by ``score`` (scikit-learn's ``roc_auc_score``, OOD the positive class): the probability that an OOD
+    point scores above an in-distribution one, ties counting one half. Use ``predictive_entropy`` as is, or
+    ``max_probability`` with ``higher_is_ood=False``. 0.5 is chance, 1 perfect."""
+    from sklearn.metrics import roc_auc_score
+
+    s = np.asarray(score, float).reshape(-1)
+    ood = np.asarray(is_ood).reshape(-1)
+    if ood.shape != s.shape:
+        raise ValueError(f"ood_auroc: {ood.size} is_ood flags for {s.size} scores")
+    if ood.dtype != bool:
+        if not np.isin(ood, (0, 1)).all():
+            raise ValueError("ood_auroc: is_ood must be boolean (or 0/1)")
+        ood = ood.astype(bool)
+    if not np.isfinite(s).all():
+        raise ValueError("ood_auroc: score has non-finite values")
+    if ood.all() or not ood.any():
+        n_ood = int(ood.sum())
+        raise ValueError(f"ood_auroc: needs both in-distribution and OOD points, got {n_ood} OOD of {ood.size}")
+    return float(roc_auc_score(ood, s if higher_is_ood else -s))
