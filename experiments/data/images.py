@@ -27,7 +27,7 @@ Conventions, where the sources differ from one another:
   largest remainders, drawn with ``np.random.default_rng(0)``); both parts keep the original row order.
 * **EMNIST-letters** labels are 1..26 in the files; here they are 0..25 (a = 0), ``num_classes=26``. The
   EMNIST images are stored transposed relative to MNIST; they are transposed back so that letters stand
-  upright, as in TensorFlow Datasets.
+  upright (a swap of the two image axes).
 * **SVHN** labels digit 0 as 10 in the ``.mat`` files; here it is 0. The ``extra`` split is not registered.
 * **MNIST** is fetched from the CVDF mirror that TensorFlow Datasets uses (the same bytes as LeCun's site).
 
