@@ -15,4 +15,5 @@ EXPERIMENTS = {
     "mbnn-uci": "experiments.mbnn_uci",
     "mbnn-ablation": "experiments.mbnn_ablation",
     "mbnn-cnn": "experiments.mbnn_cnn",
+    "gaussian-classification": "experiments.gaussian_classification",
 }
