@@ -1,0 +1,249 @@
+"""Time `smnngp.variational` against GPJax 1.0's whitened SVGP, check both compute the same ELBO, and measure
+how the SVTP scales.
+
+Usage (from the project root; GPJax comes with the ``bench`` extra: ``pip install -e ".[bench]"``)::
+
+    .venv/bin/python benchmarks/svgp.py [--rounds 3] [--quick]
+
+Problem (identical for both libraries): scikit-learn's digits, 1,797 images as 64 features scaled to [0, 1],
+float64; M = 200 inducing inputs (class-stratified training points), minibatches of 100, the same RBF kernel
+(lengthscale 3, variance 1, trained), whitened q(u) with a full lower-triangular factor, Adam(1e-2), jitter
+1e-6 on K_ZZ. Two likelihoods (GPJax has no multi-class softmax): Bernoulli with the probit link by 20-point
+Gauss-Hermite quadrature on odd/even labels, and Gaussian (noise sd 0.5, trained) on standardised labels.
+
+* ELBO check: both ELBOs on the full data set at the same (random, non-trivial) variational parameters.
+* Step time: each library's own training loop (`gpjax.fit` and `smnngp.variational.fit`, both a `lax.scan` over
+  steps) run for n1 and n2 steps; steady-state time per step = (t(n2) - t(n1)) / (n2 - n1), which cancels the
+  compilation both pay per call; best over ``--rounds``. First call = the first n1-step run in the process
+  (trace + compile + run). **Target: ours <= 0.1 x GPJax per step, steady state.**
+* Scale (fresh process each, peak resident memory from the OS): SVTP with a softmax likelihood (10 classes) on
+  N = 10^5 synthetic points (d = 8), M = 500, B = 1,000: throughput in points per second; and the time per
+  step for M = 200, 400, 800 at B = 100 against the O(B M^2 + M^3) prediction.
+
+Prints a table and writes ``benchmarks/results/svgp.json`` (``--quick``: ``svgp-quick.json``, targets not judged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "svgp.json"
+RESULTS_QUICK = ROOT / "benchmarks" / "results" / "svgp-quick.json"
+M, BATCH, LR, JITTER, LENGTHSCALE, NOISE_SD = 200, 100, 1e-2, 1e-6, 3.0, 0.5
+TARGET = 0.1
+
+
+def _problem():
+    import jax
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from smnngp import variational as vi
+
+    X, labels = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float64)
+    y_bern = (labels % 2).astype(np.float64)
+    y_gauss = (labels - labels.mean()) / labels.std()
+    Z = np.asarray(vi.stratified_inducing(X, labels, M, jax.random.PRNGKey(0)))
+    rng = np.random.default_rng(1)
+    m = 0.3 * rng.standard_normal(M)
+    S = np.tril(0.02 * rng.standard_normal((M, M)), -1) + np.diag(rng.uniform(0.3, 1.0, M))
+    return X, y_bern, y_gauss, Z, m, S
+
+
+def _ours(X, y, Z, m, S, likelihood):
+    import jax.numpy as jnp
+
+    from smnngp import kernels
+    from smnngp import variational as vi
+
+    lik = vi.Bernoulli(num_quadrature=20) if likelihood == "bernoulli" else vi.Gaussian(NOISE_SD**2)
+    model = vi.svgp(kernels.rbf(LENGTHSCALE, 1.0), lik, jnp.asarray(Z), jitter=JITTER)
+    params = vi.init(model)._replace(q_mean=jnp.asarray(m)[None], q_scale=jnp.asarray(S)[None])
+    y = jnp.asarray(y)
+
+    def elbo():
+        return float(vi.elbo(model, params, (jnp.asarray(X), y), num_data=X.shape[0]))
+
+    def train(n, key):
+        import jax
+
+        res = vi.fit(model, params, jnp.asarray(X), y, key=jax.random.PRNGKey(key), learning_rate=LR,
+                     batch_size=BATCH, num_steps=n, eval_every=n, progress=False)
+        jax.block_until_ready(res.params)
+
+    return elbo, train
+
+
+def _gpjax(X, y, Z, m, S, likelihood):
+    import gpjax as gpx
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    D = gpx.Dataset(X=jnp.asarray(X), y=jnp.asarray(y)[:, None])
+    kernel = gpx.kernels.RBF(lengthscale=jnp.asarray(LENGTHSCALE), variance=jnp.asarray(1.0))
+    prior = gpx.gps.Prior(mean_function=gpx.mean_functions.Zero(), kernel=kernel, jitter=JITTER)
+    lik = gpx.likelihoods.Bernoulli() if likelihood == "bernoulli" else \
+        gpx.likelihoods.Gaussian(obs_stddev=jnp.asarray(NOISE_SD))
+    q = gpx.variational_families.WhitenedVariationalGaussian(
+        model=prior * lik, inducing_inputs=jnp.asarray(Z), variational_mean=jnp.asarray(m)[:, None],
+        variational_root_covariance=jnp.asarray(S))
+
+    def elbo():
+        return float(gpx.objectives.elbo(q, D))
+
+    def train(n, key):
+        _, hist = gpx.fit(model=q, objective=lambda mdl, d: -gpx.objectives.elbo(mdl, d), train_data=D,
+                          optim=optax.adam(LR), num_iters=n, batch_size=BATCH, key=jax.random.key(key), verbose=False)
+        jax.block_until_ready(hist)
+
+    return elbo, train
+
+
+def _timed(fn, *a):
+    t = time.perf_counter()
+    fn(*a)
+    return time.perf_counter() - t
+
+
+def compare(rounds: int, n1: int, n2: int) -> dict:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    X, y_bern, y_gauss, Z, m, S = _problem()
+    jax.numpy.ones(3).block_until_ready()  # backend start-up is nobody's cost
+    out = {}
+    for likelihood, y in (("bernoulli", y_bern), ("gaussian", y_gauss)):
+        libs = {"ours": _ours(X, y, Z, m, S, likelihood), "gpjax": _gpjax(X, y, Z, m, S, likelihood)}
+        res = {name: {"elbo": fns[0]()} for name, fns in libs.items()}
+        for name, (_, train) in libs.items():
+            res[name]["first_call_s"] = _timed(train, n1, 0)
+        per_step = {name: [] for name in libs}
+        for r in range(rounds):
+            for name, (_, train) in libs.items():
+                t1, t2 = _timed(train, n1, r + 1), _timed(train, n2, r + 1)
+                per_step[name].append((t2 - t1) / (n2 - n1))
+        for name in libs:
+            res[name]["step_s"] = min(per_step[name])
+            res[name]["step_s_all"] = per_step[name]
+        res["ratio"] = res["ours"]["step_s"] / res["gpjax"]["step_s"]
+        res["first_call_ratio"] = res["ours"]["first_call_s"] / res["gpjax"]["first_call_s"]
+        res["elbo_rel_diff"] = abs(res["ours"]["elbo"] - res["gpjax"]["elbo"]) / abs(res["gpjax"]["elbo"])
+        out[likelihood] = res
+        print(f"{likelihood}: ELBO ours {res['ours']['elbo']:.6f} GPJax {res['gpjax']['elbo']:.6f} "
+              f"(relative difference {res['elbo_rel_diff']:.1e}); step {1e3 * res['ours']['step_s']:.2f} ms vs "
+              f"{1e3 * res['gpjax']['step_s']:.2f} ms (ratio {res['ratio']:.3f}); first call "
+              f"{res['ours']['first_call_s']:.1f} s vs {res['gpjax']['first_call_s']:.1f} s", flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Scale: SVTP in fresh processes (peak memory per configuration)
+# ---------------------------------------------------------------------------
+
+
+def scale_worker(n: int, num_inducing: int, batch: int, steps: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from smnngp import kernels
+    from smnngp import variational as vi
+
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 8))
+    w = rng.standard_normal((8, 10))
+    y = np.argmax(np.sin(x @ w) + 0.3 * rng.standard_normal((n, 10)), 1)
+    Z = vi.stratified_inducing(x, y, num_inducing, jax.random.PRNGKey(0))
+    model = vi.svtp(kernels.rbf(2.0, 1.0), vi.Softmax(10), Z)
+    params = vi.init(model)
+    x, y = jnp.asarray(x), jnp.asarray(y)
+
+    def train(k):
+        res = vi.fit(model, params, x, y, key=jax.random.PRNGKey(0), batch_size=batch, num_steps=k, eval_every=k,
+                     progress=False)
+        jax.block_until_ready(res.params)
+
+    k1 = max(2, steps // 5)
+    t1 = _timed(train, k1)
+    t1 = min(t1, _timed(train, k1))
+    t2 = _timed(train, steps)
+    step = (t2 - t1) / (steps - k1)
+    return {"n": n, "num_inducing": num_inducing, "batch": batch, "step_s": step, "points_per_s": batch / step,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _in_fresh_process(**kw) -> dict:
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import svgp; "
+            f"print(json.dumps(svgp.scale_worker(**{kw!r})))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-3000:])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def scale(quick: bool) -> dict:
+    big = _in_fresh_process(n=10_000 if quick else 100_000, num_inducing=100 if quick else 500,
+                            batch=1000, steps=20 if quick else 100)
+    print(f"SVTP N={big['n']} M={big['num_inducing']} B={big['batch']}: {big['points_per_s']:.0f} points/s, "
+          f"{1e3 * big['step_s']:.1f} ms/step, peak RSS {big['peak_rss_mb']:.0f} MB", flush=True)
+    by_m = []
+    for mm in ((50, 100) if quick else (200, 400, 800)):
+        r = _in_fresh_process(n=5_000, num_inducing=mm, batch=100, steps=20 if quick else 100)
+        by_m.append(r)
+        print(f"SVTP M={mm} B=100: {1e3 * r['step_s']:.2f} ms/step", flush=True)
+    base = by_m[0]
+    for r in by_m:
+        m0, mm, b = base["num_inducing"], r["num_inducing"], r["batch"]
+        r["predicted_ratio"] = (b * mm**2 + mm**3) / (b * m0**2 + m0**3)
+        r["measured_ratio"] = r["step_s"] / base["step_s"]
+    return {"large": big, "by_m": by_m}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smoke test: small sizes, targets not judged")
+    args = ap.parse_args(argv)
+    n1, n2 = (5, 25) if args.quick else (20, 220)
+    comp = compare(1 if args.quick else args.rounds, n1, n2)
+    sc = scale(args.quick)
+    print("\n| likelihood | ours ms/step | GPJax ms/step | ratio (target <= 0.1) | first call ours / GPJax | "
+          "ELBO ours | ELBO GPJax |")
+    print("|---|---|---|---|---|---|---|")
+    for lik, r in comp.items():
+        ok = "" if args.quick else (" ✓" if r["ratio"] <= TARGET else " ✗")
+        print(f"| {lik} | {1e3 * r['ours']['step_s']:.2f} | {1e3 * r['gpjax']['step_s']:.2f} | {r['ratio']:.3f}{ok} "
+              f"| {r['ours']['first_call_s']:.1f} s / {r['gpjax']['first_call_s']:.1f} s | {r['ours']['elbo']:.4f} "
+              f"| {r['gpjax']['elbo']:.4f} |")
+    print("\n| M | ms/step (B=100) | measured / M0 | O(BM^2+M^3) / M0 |")
+    print("|---|---|---|---|")
+    for r in sc["by_m"]:
+        print(f"| {r['num_inducing']} | {1e3 * r['step_s']:.2f} | {r['measured_ratio']:.2f} | "
+              f"{r['predicted_ratio']:.2f} |")
+    import gpjax
+    import jax
+
+    payload = {"quick": args.quick, "machine": platform.platform(), "python": platform.python_version(),
+               "jax": jax.__version__, "gpjax": gpjax.__version__, "cpu_count": os.cpu_count(), "n1": n1, "n2": n2,
+               "compare": comp, "scale": sc, "target": TARGET}
+    path = RESULTS_QUICK if args.quick else RESULTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))
+    print(f"\nwrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
