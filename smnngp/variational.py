@@ -725,13 +725,15 @@ def _gaussian_predictive(model, params, x, key, num_samples, noisy):
     return dist.MixtureSameFamily(mix, comp)
 
 
+_class_probs_jit = jax.jit(_class_probs, static_argnums=(0, 4))
+_gaussian_predictive_jit = jax.jit(_gaussian_predictive, static_argnums=(0, 4, 5))
+
+
 def _predict(model, params, x, key, num_samples, noisy):
+    # predict and the validation NLL of fit share these two compiled functions
     if isinstance(model.likelihood, Gaussian):
-        return _gaussian_predictive(model, params, x, key, num_samples, noisy)
-    return dist.Categorical(probs=_class_probs(model, params, x, key, num_samples))
-
-
-_predict_jit = jax.jit(_predict, static_argnums=(0, 4, 5))
+        return _gaussian_predictive_jit(model, params, x, key, num_samples, noisy)
+    return dist.Categorical(probs=_class_probs_jit(model, params, x, key, num_samples))
 
 
 def predict(model: Model, params: Params, x, key=None, num_samples: int = 1000, *, noisy: bool = True):
@@ -749,7 +751,7 @@ def predict(model: Model, params: Params, x, key=None, num_samples: int = 1000, 
     num_samples = _positive_int(num_samples, "num_samples")
     if key is None:
         key = jax.random.PRNGKey(0)
-    return _predict_jit(model, params, x, key, num_samples, bool(noisy))
+    return _predict(model, params, x, key, num_samples, bool(noisy))
 
 
 def _full_latent(model, params, x):
@@ -958,17 +960,21 @@ def _mask(mask, tree):
     return jax.tree_util.tree_map(lambda m, t: t if m else jnp.zeros_like(t), mask, tree)
 
 
-def _nll(model, params, x, y, key, num_samples):
-    """Mean negative log predictive density of (x, y) under :func:`predict` (validation NLL)."""
+def _gaussian_nll(model, params, x, y, key, num_samples):
+    p = _gaussian_predictive(model, params, x, key, num_samples, True)
+    return -jnp.mean(jnp.sum(p.log_prob(y), axis=-1))
+
+
+_gaussian_nll_jit = jax.jit(_gaussian_nll, static_argnums=(0, 5))
+
+
+def _val_nll(model, params, x, y, key, num_samples) -> float:
+    """Mean negative log predictive density of (x, y) under :func:`predict` (the validation NLL)."""
     if isinstance(model.likelihood, Gaussian):
-        p = _gaussian_predictive(model, params, x, key, num_samples, True)
-        return -jnp.mean(jnp.sum(p.log_prob(y), axis=-1))
-    probs = _class_probs(model, params, x, key, num_samples)
-    py = jnp.take_along_axis(probs, y[:, None], axis=1)[:, 0]
-    return -jnp.mean(jnp.log(jnp.maximum(py, jnp.finfo(probs.dtype).tiny)))
-
-
-_nll_jit = jax.jit(_nll, static_argnums=(0, 5))
+        return float(_gaussian_nll_jit(model, params, x, y, key, num_samples))
+    probs = np.asarray(_class_probs_jit(model, params, x, key, num_samples))
+    py = probs[np.arange(probs.shape[0]), np.asarray(y)]
+    return float(-np.mean(np.log(np.maximum(py, np.finfo(probs.dtype).tiny))))
 
 
 def _resolve_devices(devices):
@@ -983,6 +989,13 @@ def _resolve_devices(devices):
 @functools.lru_cache(maxsize=32)
 def _adam(learning_rate):
     return optax.adam(learning_rate)
+
+
+@functools.lru_cache(maxsize=32)
+def _plateau(factor, patience):
+    """`optax.contrib.reduce_on_plateau` and its jitted update (eagerly, its ``lax.cond`` recompiles every call)."""
+    plateau = optax.contrib.reduce_on_plateau(factor=factor, patience=patience, rtol=1e-4, atol=0.0)
+    return plateau, jax.jit(lambda state, value: plateau.update(updates=None, state=state, value=value)[1])
 
 
 @functools.lru_cache(maxsize=32)
@@ -1096,7 +1109,7 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
     k_data, k_mc, k_val, k_post = jax.random.split(key, 4)
     run = _make_round(model, optimizer, N, mesh, eval_every)
     opt_state = jax.device_put(optimizer.init(params), replicated)
-    plateau = optax.contrib.reduce_on_plateau(factor=factor, patience=patience, rtol=1e-4, atol=0.0)
+    plateau, plateau_update = _plateau(float(factor), int(patience))
     plateau_state = plateau.init(params)
 
     epoch, buffer = 0, np.zeros((0, B), np.int64)
@@ -1137,7 +1150,7 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
             step += done
             loss = float(loss)
             if has_val:
-                v = float(_nll_jit(model, params, x_val, y_val, k_val, num_val_samples))
+                v = _val_nll(model, params, x_val, y_val, k_val, num_val_samples)
                 monitored = v if math.isfinite(v) else 1e30
                 if v < best[0]:
                     best, since_best = (v, params, step), 0
@@ -1145,7 +1158,7 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
                     since_best += 1
             else:
                 v, monitored = math.nan, loss
-            _, plateau_state = plateau.update(updates=params, state=plateau_state, value=jnp.asarray(monitored))
+            plateau_state = plateau_update(plateau_state, jnp.asarray(monitored, plateau_state.best_value.dtype))
             scale = float(plateau_state.scale)
             history.append({"step": step, "loss": loss, "val_nll": v, "lr_scale": scale,
                             "time": time.perf_counter() - t0})
