@@ -16,4 +16,5 @@ EXPERIMENTS = {
     "mbnn-ablation": "experiments.mbnn_ablation",
     "mbnn-cnn": "experiments.mbnn_cnn",
     "gaussian-classification": "experiments.gaussian_classification",
+    "svtp": "experiments.svtp",
 }

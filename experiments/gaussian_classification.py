@@ -63,14 +63,11 @@ def add_arguments(parser):
 
 
 def cnn_kernel(depth: int):
-    """The NNGP ``kernel_fn`` of the kernel architecture above (readout ``W_std = 1``)."""
-    from smnngp import stax
+    """The NNGP ``kernel_fn`` of the kernel architecture above (`experiments.svtp.cnn_arch` at its starting
+    scales: ``W_std = sqrt 2``, ``b_std = 0.1``, readout ``W_std = 1``)."""
+    from experiments.svtp import cnn_arch, cnn_init
 
-    layers = []
-    for _ in range(depth):
-        layers += [stax.Conv(1, (3, 3), padding="SAME", W_std=math.sqrt(2.0), b_std=0.1), stax.Relu()]
-    layers += [stax.Flatten(), stax.Dense(1, W_std=1.0, b_std=0.1)]
-    return stax.serial(*layers)[2]
+    return cnn_arch(depth)(cnn_init(depth))[2]
 
 
 def _kernels(kernel_fn, x_train, tests):

@@ -34,3 +34,21 @@ def test_gaussian_classification_quick_and_resume(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "results.json").read_text())["results"]["summary"] == summary
     assert "kernels for" not in again.stdout and time.perf_counter() - start < 60
+
+
+def test_svtp_quick_writes_tables_and_figures(tmp_path):
+    res = _run("svtp", "--quick", "--quiet", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    payload = json.loads((tmp_path / "results.json").read_text())
+    summary = payload["results"]["summary"]
+    for model in ("svgp", "svtp"):
+        clean = summary["clean"][model]
+        # 60 steps from the prior already beat the uniform guess (NLL log 10 = 2.303, accuracy 0.1)
+        assert clean["nll"][0] < 2.3 and clean["accuracy"][0] > 0.3
+        assert 0.0 <= clean["ece"][0] <= 1.0
+    cell = payload["results"]["cells"]["seed0_clean_svtp"]
+    assert cell["q_sigma2"]["a"] > 0 and cell["q_sigma2"]["b"] > 0
+    text = (tmp_path / "results.md").read_text()
+    assert "paper: MNIST" in text and "Quick mode" in text
+    for fig in payload["figures"]:
+        assert (tmp_path / fig).stat().st_size > 1000
