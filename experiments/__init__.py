@@ -17,4 +17,5 @@ EXPERIMENTS = {
     "mbnn-cnn": "experiments.mbnn_cnn",
     "gaussian-classification": "experiments.gaussian_classification",
     "svtp": "experiments.svtp",
+    "ensembles": "experiments.ensembles",
 }

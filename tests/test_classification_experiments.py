@@ -1,6 +1,7 @@
 """The classification experiments of the scale-mixture paper (Tables 2-4) in their fast modes."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -52,3 +53,21 @@ def test_svtp_quick_writes_tables_and_figures(tmp_path):
     assert "paper: MNIST" in text and "Quick mode" in text
     for fig in payload["figures"]:
         assert (tmp_path / fig).stat().st_size > 1000
+
+
+def test_ensembles_quick_both_scales(tmp_path):
+    res = _run("ensembles", "--quick", "--quiet", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    payload = json.loads((tmp_path / "results.json").read_text())
+    cells = payload["results"]["cells"]
+    fixed, random_scale = cells["seed0_clean_fixed"], cells["seed0_clean_inverse_gamma"]
+    assert fixed["scales"] == [1.0, 1.0]
+    assert len(set(random_scale["scales"])) == 2 and all(s > 0 for s in random_scale["scales"])
+    # the OOD variant never saw classes 1, 4, 8, so it cannot be right on those 30% of the test set
+    assert payload["results"]["summary"]["ood"]["fixed"]["accuracy"][0] <= 0.72
+    for cell in cells.values():
+        for per in cell["tests"].values():
+            for combine in ("probs", "logits"):
+                sc = per[combine]
+                assert math.isclose(sc["nll_per_class"] * 10, sc["nll"], rel_tol=1e-9)
+    assert "paper: MNIST" in (tmp_path / "results.md").read_text()
