@@ -279,6 +279,8 @@ def _check_labels(y, n, num_classes, name):
     if _is_tracer(y):
         return y.astype(jnp.int32)
     yn = np.asarray(y)
+    if yn.dtype == bool:
+        yn = yn.astype(np.int32)
     if not np.issubdtype(yn.dtype, np.integer):
         if not (np.isfinite(yn).all() and np.all(yn == np.round(yn))):
             raise ValueError(f"{name} must hold integer class labels, got non-integer values")
@@ -407,6 +409,12 @@ def _build(kind, kernel, likelihood, inducing_inputs, *, num_latent, q_diag, q_s
         kz1 = apply(theta0, Z[:1], Z)
     except Exception as e:  # noqa: BLE001 - re-raised with the argument named
         raise ValueError(f"kernel could not be evaluated on inducing_inputs of shape {Z.shape}: {e}") from e
+    try:
+        jax.eval_shape(lambda th, a: apply(th, a[:1], a), theta0, Z)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+            jax.errors.TracerIntegerConversionError) as e:
+        raise ValueError("kernel must be traceable by JAX (written with jax.numpy, no numpy conversions or "
+                         f"value-dependent Python): training runs it under jit and grad ({type(e).__name__})") from e
     kzz_shape = getattr(kzz, "shape", None)
     kz1_shape = getattr(kz1, "shape", None)
     if kzz_shape != (M, M) or kz1_shape != (1, M):
@@ -1136,7 +1144,6 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
     try:
         while step < num_steps:
             idx = jax.device_put(jnp.asarray(next_indices(eval_every), jnp.int32), idx_sharding)
-            start_params = params
             params, opt_state, dead, loss, n_active = run(params, opt_state, jnp.asarray(plateau_state.scale, model.dtype), k_mc, step,
                                                           num_steps, idx, x, y)
             done = int(n_active)
@@ -1144,8 +1151,6 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
                 warnings.warn(f"variational fit: non-finite loss or gradient at step {step + done}; training stopped "
                               "and the last finite parameters kept", RuntimeWarning, stacklevel=2)
                 step += done
-                if not has_val and done == 0:
-                    params = start_params
                 break
             step += done
             loss = float(loss)
