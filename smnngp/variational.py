@@ -96,7 +96,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 import optax
-from jax.scipy.special import digamma, gammaln, log_ndtr, logsumexp, ndtr
+from jax.scipy.special import digamma, gammaln, log_ndtr, ndtr
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from smnngp import linalg, priors
@@ -1144,8 +1144,8 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
     try:
         while step < num_steps:
             idx = jax.device_put(jnp.asarray(next_indices(eval_every), jnp.int32), idx_sharding)
-            params, opt_state, dead, loss, n_active = run(params, opt_state, jnp.asarray(plateau_state.scale, model.dtype), k_mc, step,
-                                                          num_steps, idx, x, y)
+            lr_scale = jnp.asarray(plateau_state.scale, model.dtype)
+            params, opt_state, dead, loss, n_active = run(params, opt_state, lr_scale, k_mc, step, num_steps, idx, x, y)
             done = int(n_active)
             if bool(dead):
                 warnings.warn(f"variational fit: non-finite loss or gradient at step {step + done}; training stopped "

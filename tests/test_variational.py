@@ -321,7 +321,8 @@ def test_sharded_training_equals_unsharded():
         a, b = (jax.flatten_util.ravel_pytree(r.params)[0] for r in out)
         print("MAXDIFF", float(np.max(np.abs(np.asarray(a) - np.asarray(b)))))
         print("VAL", out[0].history[-1]["val_nll"], out[1].history[-1]["val_nll"])
-        print("MOVED", float(np.max(np.abs(np.asarray(a) - np.asarray(jax.flatten_util.ravel_pytree(V.init(model))[0])))))
+        start = jax.flatten_util.ravel_pytree(V.init(model))[0]
+        print("MOVED", float(np.max(np.abs(np.asarray(a) - np.asarray(start)))))
         """
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
