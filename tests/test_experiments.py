@@ -68,6 +68,13 @@ def test_readme_scale_mixture_example_runs():
     assert df == 44.0 and math.isfinite(lml) and ess > 3000
 
 
+def test_readme_variational_example_runs():
+    res = _run_readme_example("## Sparse variational GP and Student-t processes")
+    shape, acc, scale = res.stdout.split(")", 1)[0] + ")", *res.stdout.split(")", 1)[1].split()
+    # 200 steps of the SVTP on a one-layer conv NNGP already classify the digits well
+    assert shape == "(450, 10" + ")" and float(acc) > 0.85 and float(scale) > 0
+
+
 def test_quickstart_quick_writes_results(tmp_path):
     res = _run("quickstart", "--quick", "--out", str(tmp_path), "--seed", "1")
     assert res.returncode == 0, res.stderr[-3000:]
