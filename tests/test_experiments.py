@@ -70,9 +70,10 @@ def test_readme_scale_mixture_example_runs():
 
 def test_readme_variational_example_runs():
     res = _run_readme_example("## Sparse variational GP and Student-t processes")
-    shape, acc, scale = res.stdout.split(")", 1)[0] + ")", *res.stdout.split(")", 1)[1].split()
+    shape, rest = res.stdout.strip().split(") ", 1)
+    acc, scale = (float(v) for v in rest.split())
     # 200 steps of the SVTP on a one-layer conv NNGP already classify the digits well
-    assert shape == "(450, 10" + ")" and float(acc) > 0.85 and float(scale) > 0
+    assert shape == "(450, 10" and acc > 0.85 and scale > 0
 
 
 def test_quickstart_quick_writes_results(tmp_path):
