@@ -14,6 +14,7 @@ never inspects values.
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import jax
@@ -31,6 +32,7 @@ __all__ = [
     "logdet",
     "eigh_psd",
     "check_square",
+    "blas_threads",
 ]
 
 
@@ -199,3 +201,25 @@ def eigh_psd(A, *, name: str = "kernel matrix"):
     if float(lam[0]) < -tol:
         raise NotPositiveDefiniteError(f"{name} is not positive semi-definite: smallest eigenvalue {float(lam[0]):.3g}")
     return jnp.clip(lam, 0.0, None), U
+
+
+@contextlib.contextmanager
+def blas_threads(n: int | None = 1):
+    """Run the enclosed code with at most ``n`` BLAS/LAPACK threads (``None``: leave them as they are).
+
+    On the CPU, JAX hands Cholesky factorisations and triangular solves to the LAPACK of scipy's OpenBLAS, whose
+    threads then compete with XLA's own thread pool for the same cores. For the small, repeated factorisations
+    of a training loop (M x M with M in the hundreds) one BLAS thread is several times faster, and under load
+    tens of times (a 200 x 200 Cholesky: 0.45 ms against 15-24 ms with two OpenBLAS threads on a busy 2-core
+    machine). The limit is set with threadpoolctl and restored on exit; without threadpoolctl it does nothing.
+    """
+    if n is None:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - scikit-learn (a dependency) brings threadpoolctl
+        yield
+        return
+    with threadpool_limits(limits=int(n), user_api="blas"):
+        yield

@@ -1051,7 +1051,7 @@ def _make_round(model, optimizer, num_data, mesh, length):
 def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rate=None, batch_size: int = 100,
         num_steps: int = 1000, x_val=None, y_val=None, eval_every: int | None = None, num_val_samples: int = 100,
         patience: int = 5, factor: float = 0.5, min_lr_scale: float = 1e-2, stop_patience: int | None = None,
-        devices: Sequence | None = None, progress: bool = True) -> FitResult:
+        devices: Sequence | None = None, progress: bool = True, blas_threads: int | None = 1) -> FitResult:
     """Maximise the ELBO by minibatch stochastic optimisation (module docstring, "Training").
 
     Args:
@@ -1068,7 +1068,18 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
       stop_patience: stop after this many evaluations without a better validation NLL (``None``: never).
       devices: devices for data-parallel steps (default: all local devices; one device = no sharding).
       progress: show a tqdm bar.
+      blas_threads: BLAS/LAPACK threads during training (`smnngp.linalg.blas_threads`; default 1: the M x M
+        factorisations are small, and more LAPACK threads only compete with XLA's; ``None`` leaves them alone).
     """
+    with linalg.blas_threads(blas_threads):
+        return _fit(model, params, x, y, key=key, optimizer=optimizer, learning_rate=learning_rate,
+                    batch_size=batch_size, num_steps=num_steps, x_val=x_val, y_val=y_val, eval_every=eval_every,
+                    num_val_samples=num_val_samples, patience=patience, factor=factor, min_lr_scale=min_lr_scale,
+                    stop_patience=stop_patience, devices=devices, progress=progress)
+
+
+def _fit(model, params, x, y, *, key, optimizer, learning_rate, batch_size, num_steps, x_val, y_val, eval_every,
+         num_val_samples, patience, factor, min_lr_scale, stop_patience, devices, progress):
     if not isinstance(model, Model):
         raise TypeError(f"model must be built by svgp() or svtp(), got {type(model).__name__}")
     x = _check_x(model, x)

@@ -295,3 +295,19 @@ def test_cholesky_jittered_is_traceable():
     np.testing.assert_allclose(L @ L.T, 2.0 * A + j * np.eye(6), atol=1e-12)
     # d/ds of (1/2) log det(s A + j s I) = n / (2 s)
     np.testing.assert_allclose(float(jax.grad(f)(2.0)), 6 / (2 * 2.0), rtol=1e-8)
+
+
+def test_blas_threads_limits_and_restores():
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    before = blas_threads()
+    with linalg.blas_threads(1):
+        assert all(n == 1 for n in blas_threads())
+        L = linalg.cholesky_jittered(jnp.eye(3) * 4.0)
+    assert blas_threads() == before
+    assert float(L[0, 0]) == pytest.approx(2.0)
+    with linalg.blas_threads(None):  # None leaves them alone
+        assert blas_threads() == before
