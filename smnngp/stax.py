@@ -30,6 +30,19 @@ Kernel recursions implemented here (c = cross covariance, v1, v2 variances):
   (u, v) ~ N(0, [[v1, c], [c, v2]]); closed forms below, Gauss-Hermite otherwise;
 * convolution: K'(i, j) = W_std^2 / |F| sum_{d in F} K(i + d, j + d) + b_std^2;
 * average pooling, flattening and global pooling: linear maps of K.
+
+Hyperparameters as a pytree. Every scale a constructor takes (``W_std``,
+``b_std`` of `Dense` and `Conv`; the parameters of `ABRelu`, `LeakyRelu`,
+`Erf`, `Sin`, `Gaussian`) may be a traced JAX scalar: concrete values are
+checked when the layer is built (a clear error names the layer and the
+argument), traced ones are used as they are, so that ``kernel_fn`` is
+differentiable in them under `jit`. An architecture whose scales are fitted is
+therefore written as a builder ``arch(params) -> Layer`` over a pytree of
+scales, and `parametric_kernel` turns the builder and starting values into a
+`smnngp.kernels.ParametricKernel` (unconstrained ``theta``, ``floor +
+exp(theta)`` as the scales, the NNGP as the kernel): the one mechanism by which
+`smnngp.hyper` fits the kernel of any architecture (MLP, CNN with pooling,
+residual blocks) and `smnngp.variational` trains its kernel.
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from smnngp.kernels import Kernel, canonical_get, select
+from smnngp.kernels import Kernel, ParametricKernel, canonical_get, select
 
 __all__ = [
     "Layer",
@@ -67,6 +80,7 @@ __all__ = [
     "FanOut",
     "FanInSum",
     "FanInConcat",
+    "parametric_kernel",
 ]
 
 _PADDINGS = ("SAME", "VALID", "CIRCULAR")
@@ -279,6 +293,30 @@ def _std_value(value):
     return value if isinstance(value, jax.core.Tracer) else float(value)
 
 
+def _act_param(value, name: str, layer: str):
+    """An activation's parameter: a finite Python float when concrete, unchanged when traced.
+
+    Traced values (the leaves of a hyperparameter pytree under `jax.grad` / `jit`) cannot be
+    inspected; their range is the caller's business (`parametric_kernel` keeps its leaves positive).
+    """
+    if isinstance(value, jax.core.Tracer):
+        if jnp.ndim(value) != 0:
+            raise ValueError(f"{layer}: {name} must be a scalar, got a traced array of shape {jnp.shape(value)}")
+        return value
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{layer}: {name} must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{layer}: {name} must be finite, got {value}")
+    return v
+
+
+def _fmt(value) -> str:
+    """A parameter in a layer's name: its value, or 'traced'."""
+    return "traced" if isinstance(value, jax.core.Tracer) else repr(value)
+
+
 def _check_std(value, name: str, layer: str, allow_none: bool):
     """Validate a concrete scale; traced scales (gradients w.r.t. W_std, b_std) are checked by their caller."""
     if isinstance(value, jax.core.Tracer):
@@ -459,8 +497,10 @@ def _window_sum(x, axes, window, strides, pads, circular):
     if circular:
         x = _pad_axes(x, axes, pads, True)
         padding = [(0, 0)] * x.ndim
-    # Zero padding inside reduce_window: no padded copy of the kernel is written out first.
-    return lax.reduce_window(x, jnp.zeros((), x.dtype), lax.add, tuple(dims), tuple(strd), padding)
+    # Zero padding inside reduce_window: no padded copy of the kernel is written out first. The zero is a
+    # concrete (numpy) scalar: under jit a jnp zero is traced, and reduce_window then falls back to its generic
+    # form, which has no derivative (hyperparameter gradients through Conv and AvgPool).
+    return lax.reduce_window(x, np.zeros((), x.dtype), lax.add, tuple(dims), tuple(strd), padding)
 
 
 def Conv(
@@ -905,7 +945,7 @@ def ABRelu(a: float, b: float) -> Layer:
     E[phi phi] = (a - b)^2 / (2 pi) sqrt(v1 v2) sin(theta) + [(a^2 + b^2)/2 - (a - b)^2 theta / (2 pi)] c,
     E[phi' phi'] = (a^2 + b^2)/2 - (a - b)^2 theta / (2 pi).
     """
-    a, b = float(a), float(b)
+    a, b = _act_param(a, "a", "ABRelu"), _act_param(b, "b", "ABRelu")
 
     def fn(x):
         return a * jnp.minimum(x, 0) + b * jnp.maximum(x, 0)
@@ -934,7 +974,7 @@ def ABRelu(a: float, b: float) -> Layer:
         # theta = 0 on the diagonal; equal, bit for bit, to moments(v, v, v).
         return ((a * a + b * b) / 2) * v
 
-    return _activation(f"ABRelu({a}, {b})", fn, moments, diag)
+    return _activation(f"ABRelu({_fmt(a)}, {_fmt(b)})", fn, moments, diag)
 
 
 def Relu() -> Layer:
@@ -946,7 +986,9 @@ def Relu() -> Layer:
 
 def LeakyRelu(alpha: float) -> Layer:
     """phi(x) = x for x > 0, alpha x otherwise."""
-    return ABRelu(alpha, 1.0)
+    layer = ABRelu(_act_param(alpha, "alpha", "LeakyRelu"), 1.0)
+    layer.name = f"LeakyRelu({_fmt(alpha)})"
+    return layer
 
 
 def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
@@ -955,7 +997,7 @@ def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
     E[erf(bu) erf(bv)] = (2/pi) arcsin(2 b^2 c / sqrt((1 + 2 b^2 v1)(1 + 2 b^2 v2))),
     E[phi' phi'] = a^2 b^2 (4/pi) / sqrt((1 + 2b^2 v1)(1 + 2b^2 v2) - 4 b^4 c^2).
     """
-    a, b, shift = float(a), float(b), float(c)
+    a, b, shift = (_act_param(v, n, "Erf") for v, n in ((a, "a"), (b, "b"), (c, "c")))
 
     def fn(x):
         return a * jax.scipy.special.erf(b * x) + shift
@@ -976,7 +1018,7 @@ def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
         b2v = b * b * v
         return a * a * (2 / math.pi) * jnp.arctan2(2 * b2v, jnp.sqrt(1 + 4 * b2v)) + shift * shift
 
-    return _activation(f"Erf({a}, {b}, {shift})", fn, moments, diag)
+    return _activation(f"Erf({_fmt(a)}, {_fmt(b)}, {_fmt(shift)})", fn, moments, diag)
 
 
 def Gelu(approximate: bool = False) -> Layer:
@@ -1011,7 +1053,8 @@ def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
 
     E[phi phi] = a^2/2 [e^{-b^2 (v1 + v2 - 2c)/2} - e^{-b^2 (v1 + v2 + 2c)/2} cos 2c_phase].
     """
-    a, b, phase = float(a), float(b), float(c)
+    a, b, phase = (_act_param(v, n, "Sin") for v, n in ((a, "a"), (b, "b"), (c, "c")))
+    cos_2phase = jnp.cos(2 * phase) if isinstance(phase, jax.core.Tracer) else math.cos(2 * phase)
 
     def fn(x):
         return a * jnp.sin(b * x + phase)
@@ -1019,12 +1062,12 @@ def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
     def moments(cov, v1, v2, want_dot):
         half = -0.5 * (v1 + v2)
         s1 = jnp.exp(b * b * (half + cov))
-        s2 = jnp.exp(b * b * (half - cov)) * math.cos(2 * phase)
+        s2 = jnp.exp(b * b * (half - cov)) * cos_2phase
         val = 0.5 * a * a * (s1 - s2)
         dot = 0.5 * a * a * b * b * (s1 + s2) if want_dot else None
         return val, dot
 
-    return _activation(f"Sin({a}, {b}, {phase})", fn, moments)
+    return _activation(f"Sin({_fmt(a)}, {_fmt(b)}, {_fmt(phase)})", fn, moments)
 
 
 def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
@@ -1033,7 +1076,7 @@ def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
     E[phi phi] = a^2 / sqrt((1 - 2b v1)(1 - 2b v2) - 4 b^2 c^2); the derivative
     kernel is a^2 4 b^2 c / det^{3/2}.
     """
-    a, b = float(a), float(b)
+    a, b = _act_param(a, "a", "Gaussian"), _act_param(b, "b", "Gaussian")
 
     def fn(x):
         return a * jnp.exp(b * x * x)
@@ -1045,7 +1088,7 @@ def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
         dot = a * a * 4 * b * b * c / root**3 if want_dot else None
         return val, dot
 
-    return _activation(f"Gaussian({a}, {b})", fn, moments)
+    return _activation(f"Gaussian({_fmt(a)}, {_fmt(b)})", fn, moments)
 
 
 def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> Layer:
@@ -1292,3 +1335,98 @@ def FanInConcat(axis: int = -1) -> Layer:
         )
 
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+
+
+# ---------------------------------------------------------------------------
+# Hyperparameters as a pytree
+# ---------------------------------------------------------------------------
+
+
+def parametric_kernel(arch: Callable, init, *, floor=0.0) -> ParametricKernel:
+    """The NNGP of an architecture whose scales are a pytree, as a `smnngp.kernels.ParametricKernel`.
+
+    ``arch(params) -> Layer`` builds the architecture from a pytree ``params`` of
+    positive scales (``W_std``, ``b_std`` of each layer, activation parameters
+    such as ``ABRelu``'s slopes), e.g.::
+
+        def arch(p):
+            return stax.serial(stax.Conv(1, (3, 3), padding='SAME', W_std=p['conv'], b_std=p['b']), stax.Relu(),
+                               stax.AvgPool((2, 2), (2, 2)), stax.Flatten(), stax.Dense(1, W_std=p['out']))
+
+        kernel = stax.parametric_kernel(arch, {'conv': 1.5, 'b': 0.1, 'out': 1.0})
+
+    ``init`` has the structure of ``params`` and holds their starting values.
+    Each leaf is ``value = floor + exp(theta)`` of an unconstrained ``theta``
+    (so that gradient steps on ``theta`` are relative changes of the value);
+    ``floor`` is one number or a pytree like ``init`` (default 0), and every
+    initial value must exceed its floor. The kernel is
+
+        ``apply(theta, x1, x2) = arch(floor + exp(theta))[2](x1, x2, 'nngp')``,
+
+    ``jit``-able and differentiable in ``theta``: every layer constructor takes
+    traced scales and checks its arguments only when they are concrete.
+    Parameters that may be zero or negative (a LeakyRelu slope, an Erf shift)
+    are not leaves of ``params``: close over them in ``arch`` to keep them
+    fixed. The scales are cast to the inputs' dtype, so the kernel computes in
+    the dtype of ``x1``. ``constrain(theta)`` returns the values (the
+    structure of ``init``).
+    """
+    if not callable(arch):
+        raise TypeError(f"parametric_kernel: arch must be callable (params -> stax layer), got {type(arch).__name__}")
+    leaves, treedef = jax.tree_util.tree_flatten(init)
+    if not leaves:
+        raise ValueError("parametric_kernel: init has no leaves; give the starting value of each scale")
+    floors = _broadcast_floor(floor, init, treedef)
+    theta_leaves = []
+    for path, value, lo in zip(_leaf_paths(init), leaves, floors):
+        v = np.asarray(value, dtype=float)
+        if v.ndim != 0:
+            raise ValueError(f"parametric_kernel: init{path} must be a scalar, got shape {v.shape}")
+        v = float(v)
+        if not (math.isfinite(v) and v > lo):
+            raise ValueError(f"parametric_kernel: init{path} = {value!r} must be finite and above its floor {lo}")
+        theta_leaves.append(jnp.asarray(math.log(v - lo)))
+    theta = jax.tree_util.tree_unflatten(treedef, theta_leaves)
+    apply, constrain = _stax_nngp(arch, treedef, tuple(floors))
+    layer = arch(init)  # fails here, with the layer's own message, on an architecture its init cannot build
+    _as_layer(layer, "parametric_kernel: arch(init)")
+    return ParametricKernel(apply, theta, constrain)
+
+
+def _leaf_paths(tree):
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _broadcast_floor(floor, init, treedef):
+    if isinstance(floor, (int, float, np.integer, np.floating)):
+        floors = [float(floor)] * treedef.num_leaves
+    else:
+        try:
+            floors = [float(f) for f in treedef.flatten_up_to(floor)]
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"parametric_kernel: floor must be a number or a pytree like init: {e}") from None
+    if any(not (math.isfinite(f) and f >= 0) for f in floors):
+        raise ValueError(f"parametric_kernel: floors must be finite and non-negative, got {floors}")
+    return floors
+
+
+@functools.lru_cache(maxsize=128)
+def _stax_nngp(arch, treedef, floors):
+    """``(apply, constrain)`` for one architecture and parameter structure.
+
+    Cached, so that kernels built from the same ``arch`` share one ``apply``
+    function object, and with it every compilation keyed on it (`jit`'s cache,
+    the step functions of `smnngp.hyper`).
+    """
+
+    def constrain(theta):
+        leaves = treedef.flatten_up_to(theta)
+        return jax.tree_util.tree_unflatten(treedef, [lo + jnp.exp(t) for t, lo in zip(leaves, floors)])
+
+    def apply(theta, x1, x2=None):
+        dtype = jnp.result_type(x1)
+        params = jax.tree_util.tree_map(lambda v: jnp.asarray(v, dtype), constrain(theta))
+        return arch(params)[2](x1, x2, "nngp")
+
+    apply.__name__ = f"nngp_of_{getattr(arch, '__name__', 'arch')}"
+    return apply, constrain
