@@ -28,6 +28,16 @@ with H one of `smnngp.priors`. :func:`fit` factorises once and answers:
 Joint draws (:meth:`Posterior.sample_f`) share one sigma^2 over all test points
 and outputs, as a multivariate t must (drawing each coordinate's t variate
 independently, as the paper's code did, is a different distribution).
+
+The three cases are three classes behind one interface, :class:`Posterior`
+(``predict(x) ->`` a numpyro distribution, ``log_marginal_likelihood``,
+``sample_f(key, x, num_samples)``), which `smnngp.variational`'s posteriors
+share: :class:`GaussianPosterior`, :class:`StudentTPosterior` and
+:class:`ImportancePosterior`.  Each is an immutable pytree (arrays as leaves,
+configuration as static data), so a posterior is an argument and a result of
+`jax.jit` and batches of posteriors are mapped over by `jax.vmap`.  Fitting
+itself (:func:`fit`, :func:`fit_from_kernels`) runs on the host: it chooses the
+jitter of a Cholesky, drops samples and warns about the effective sample size.
 """
 
 from __future__ import annotations
@@ -36,9 +46,8 @@ import functools
 import inspect
 import math
 import warnings
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +62,9 @@ __all__ = [
     "fit",
     "fit_from_kernels",
     "Posterior",
+    "GaussianPosterior",
+    "StudentTPosterior",
+    "ImportancePosterior",
     "GaussianMixture",
     "interval",
     "log_marginal_likelihood",
@@ -160,7 +172,10 @@ _evaluator = _cached_per_object(_KernelEvaluator)
 
 
 def _check_finite(a, name):
-    # on the host: the value is needed there anyway, and it spares one XLA compilation per new shape
+    # on the host: the value is needed there anyway, and it spares one XLA compilation per new shape.
+    # Traced values (a posterior used under jit / vmap) cannot be inspected and are not checked.
+    if isinstance(a, jax.core.Tracer):
+        return
     if not np.isfinite(np.asarray(a)).all():
         raise ValueError(f"{name} contains NaN or infinite values")
 
@@ -246,6 +261,8 @@ class GaussianMixture(dist.Distribution):
 
     arg_constraints = {}
     support = dist.constraints.real
+    # a pytree (numpyro's protocol), so that a predictive can be returned from jit; the batch shape is static
+    pytree_data_fields = ("log_weights", "loc", "_scale", "_scale_factors")
 
     def __init__(self, log_weights, loc, scale, *, validate_args=None):
         self._setup(log_weights, loc, jnp.shape(scale), validate_args)
@@ -412,59 +429,183 @@ def interval(predictive, level: float = 0.95):
 
 
 # --------------------------------------------------------------------------------------------
-# The posterior object
+# The posterior objects
 
 
-@dataclass
+class _ByIdentity:
+    """Static pytree data compared by identity (a kernel callable need not be hashable or comparable)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _ByIdentity) and other.obj is self.obj
+
+
+def _concrete(*trees) -> bool:
+    """No leaf of ``trees`` is traced (values can be read, cached, checked on the host)."""
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
+
+
+def _scalar(value):
+    """A concrete scalar as a Python float; arrays (batched posteriors) and tracers unchanged."""
+    if value is None or isinstance(value, float) or not _concrete(value) or jnp.ndim(value) != 0:
+        return value
+    return float(value)
+
+
+# The predictive pieces of each posterior's most recent x_test (see Posterior._marginal_pieces): held beside the
+# immutable posteriors, and dropped with them.
+_PIECES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Posterior:
-    """A fitted scale-mixture posterior; create it with :func:`fit` or :func:`fit_from_kernels`.
+    """A fitted scale-mixture posterior: an immutable pytree; create it with :func:`fit` or :func:`fit_from_kernels`.
 
-    Attributes: ``prior``, ``noise``, ``noise_model``, ``kind`` (``'gaussian'``,
-    ``'student_t'`` or ``'importance'``), ``log_marginal_likelihood``,
-    ``jitter`` (absolute jitter the Cholesky needed), ``ess`` (importance
-    sampling only), ``scale_posterior`` (``InvGamma`` for the Student-t
-    process, the point mass for ``Delta``, else ``None``), ``df``.
+    The interface every posterior of the project shares (exact, importance-sampled, variational):
+
+    * ``predict(x_test, ...)``: the marginal predictive at each test point, a numpyro distribution;
+    * ``log_marginal_likelihood``: ``log p(Y)`` (exact, or its importance-sampling estimate);
+    * ``sample_f(key, x_test, num_samples)``: joint draws at the test points;
+
+    plus :meth:`log_predictive_density`, :meth:`predict_mean_std` and :meth:`predict_covariance`.
+    The concrete classes are :class:`GaussianPosterior` (``Delta`` prior: the NNGP),
+    :class:`StudentTPosterior` (inverse-gamma prior, scaled noise: the Student-t process) and
+    :class:`ImportancePosterior` (any other prior, or unscaled noise).
+
+    As a pytree its arrays are leaves (the factorisation, the scale posterior, ``x_train``, ``noise``,
+    the prior's parameters, ``log_marginal_likelihood``), its configuration is static (``noise_model``,
+    sizes, the kernel callable, compared by identity), so a posterior is an argument and a result of
+    `jax.jit`, and a batch of posteriors (leaves stacked) is mapped over by `jax.vmap`. Outside
+    transformations the scalar attributes (``log_marginal_likelihood``, ``jitter``, ``df``, ``ess``)
+    read as Python floats. Attributes cannot be set; :meth:`replace` returns a changed copy.
+
+    Attributes: ``prior``, ``noise``, ``noise_model``, ``kind`` (``'gaussian'``, ``'student_t'`` or
+    ``'importance'``, read-only), ``log_marginal_likelihood``, ``jitter`` (absolute jitter the Cholesky
+    needed), ``ess`` (importance sampling only), ``scale_posterior`` (``InvGamma`` for the Student-t
+    process, the point mass for ``Delta``, else ``None``), ``df``, ``kernel`` and ``x_train`` (``None``
+    when fitted from kernel matrices).
     """
 
-    prior: Any
-    noise: float
-    noise_model: str
-    kind: str
-    n_train: int
-    n_out: int
-    squeeze: bool
-    log_marginal_likelihood: float
-    jitter: float = 0.0
-    ess: float | None = None
-    num_samples: int | None = None
-    kernel: Callable | None = None
-    x_train: Any = None
-    _state: dict = field(default_factory=dict, repr=False)
+    kind: str = ""
+    # leaves (arrays, the prior's pytree, Python floats) and static fields; subclasses add their own
+    _LEAVES: tuple[str, ...] = ("prior", "noise", "x_train", "_lml", "_jitter", "_state")
+    _STATIC: tuple[str, ...] = ("noise_model", "n_train", "n_out", "squeeze", "_kernel")
 
-    # -- scale posterior --
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_node(cls, cls._tree_flatten, cls._tree_unflatten)
+
+    def __init__(self, *, prior, noise, noise_model: str, n_train: int, n_out: int, squeeze: bool,
+                 log_marginal_likelihood, state: dict, jitter=0.0, kernel=None, x_train=None, **fields):
+        if type(self) is Posterior:
+            raise TypeError("Posterior is the interface; build a posterior with posterior.fit or fit_from_kernels")
+        values = dict(prior=prior, noise=noise, x_train=x_train, _lml=log_marginal_likelihood, _jitter=jitter,
+                      _state=dict(state), noise_model=noise_model, n_train=int(n_train), n_out=int(n_out),
+                      squeeze=bool(squeeze), _kernel=kernel, **fields)
+        missing = set(self._LEAVES + self._STATIC) - set(values)
+        unknown = set(values) - set(self._LEAVES + self._STATIC)
+        if missing or unknown:
+            raise TypeError(f"{type(self).__name__}: missing fields {sorted(missing)}, unknown {sorted(unknown)}")
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    # -- pytree protocol and immutability --
+    def _tree_flatten(self):
+        children = tuple(getattr(self, n) for n in self._LEAVES)
+        aux = tuple(_ByIdentity(self._kernel) if n == "_kernel" else getattr(self, n) for n in self._STATIC)
+        return children, aux
+
+    @classmethod
+    def _tree_unflatten(cls, aux, children):
+        self = object.__new__(cls)
+        for name, value in zip(cls._LEAVES, children, strict=True):
+            object.__setattr__(self, name, value)
+        for name, value in zip(cls._STATIC, aux, strict=True):
+            object.__setattr__(self, name, value.obj if name == "_kernel" else value)
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...)")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def replace(self, **changes) -> Posterior:
+        """A copy with the given fields changed (``kernel``, ``x_train``, ``noise``, ...; no refitting)."""
+        renamed = {"kernel": "_kernel", "log_marginal_likelihood": "_lml", "jitter": "_jitter"}
+        changes = {renamed.get(k, k): v for k, v in changes.items()}
+        unknown = set(changes) - set(self._LEAVES + self._STATIC)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}.replace: unknown fields {sorted(unknown)}")
+        children, aux = self._tree_flatten()
+        new = self._tree_unflatten(aux, children)
+        for name, value in changes.items():
+            object.__setattr__(new, name, value)
+        return new
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(noise_model={self.noise_model!r}, n_train={self.n_train}, n_out={self.n_out}, "
+                f"log_marginal_likelihood={self._lml!r}, prior={self.prior!r})")
+
+    # -- the scale posterior and its summaries --
+    @property
+    def kernel(self):
+        return self._kernel
+
+    @property
+    def log_marginal_likelihood(self):
+        return _scalar(self._lml)
+
+    @property
+    def jitter(self):
+        return _scalar(self._jitter)
+
+    @property
+    def ess(self):
+        """Effective sample size of the importance sampler (``None`` for exact posteriors)."""
+        return None
+
+    @property
+    def num_samples(self):
+        """Importance samples drawn (``None`` for exact posteriors)."""
+        return None
+
     @property
     def df(self):
-        """Degrees of freedom of the Student-t predictive (``2a + N C``), ``inf`` for the Gaussian."""
-        if self.kind == "student_t":
-            return float(self._state["df"])
-        if self.kind == "gaussian":
-            return math.inf
+        """Degrees of freedom of the Student-t predictive (``2a + N C``), ``inf`` for the Gaussian, else ``None``."""
         return None
 
     @property
     def scale_posterior(self):
-        st = self._state
-        if self.kind == "student_t":
-            return priors.InverseGamma(st["a_post"], st["b_post"])
-        if self.kind == "gaussian":
-            return priors.Delta(st["s"])
+        """The posterior law of sigma^2 when it has a closed form (``None`` for importance sampling)."""
         return None
 
     def scale_posterior_samples(self):
         """``(beta, normalised log weights)`` of the importance sampler (after pruning)."""
-        if self.kind != "importance":
-            raise ValueError(f"scale_posterior_samples is only defined for importance sampling, not {self.kind!r}")
-        return self._state["beta"], self._state["log_w"]
+        raise ValueError(f"scale_posterior_samples is only defined for importance sampling, not {self.kind!r}")
+
+    # What each kind of posterior defines.
+    def _predictive(self, mean, var, noisy):
+        """The marginal predictive from the noise-free pieces of :meth:`_marginal_pieces`."""
+        raise NotImplementedError
+
+    def _draw_scales(self, key, num_samples):
+        """``num_samples`` draws of sigma^2 from its posterior."""
+        raise NotImplementedError
+
+    def _scale_mean(self):
+        """``E[sigma^2 | Y]`` (scaled noise)."""
+        raise NotImplementedError
+
+    def _scale_samples(self):
+        """``(beta, log w)``: the scale posterior as weighted points (unscaled noise)."""
+        raise NotImplementedError(f"{type(self).__name__} has no unscaled-noise form")
 
     # -- prediction --
     def _test_kernels(self, x_test, k_test_train, k_test_test, full_cov):
@@ -514,39 +655,34 @@ class Posterior:
 
         Scaled noise: the Gaussian conditional's mean (L, C) and variance S*
         (L,).  Unscaled noise: per retained sample, mean (S, L, C) and variance
-        (S, L).  The pieces for the most recent ``x_test`` are kept, so that
-        ``predict(x)`` followed by ``log_predictive_density(y, x)`` evaluates
-        the test kernels and solves the (L, N) triangular system once.
+        (S, L).  The pieces for the most recent ``x_test`` of each posterior are
+        kept (in a table beside it, as the posterior itself is immutable), so
+        that ``predict(x)`` followed by ``log_predictive_density(y, x)``
+        evaluates the test kernels and solves the (L, N) triangular system once.
         """
-        cache_key = None
-        if k_test_train is None and x_test is not None and self.kernel is not None:
+        cacheable = k_test_train is None and x_test is not None and self.kernel is not None and _concrete(
+            x_test, self._state, self.x_train, self.noise)
+        if cacheable:
             x = jnp.asarray(x_test)
-            cache_key = (self.kernel, self.x_train, self._state, self.noise, self.noise_model)
-            hit = self.__dict__.get("_pieces_cache")
-            if (hit is not None and all(a is b for a, b in zip(hit[0], cache_key)) and hit[1].shape == x.shape
-                    and hit[1].dtype == x.dtype and np.array_equal(np.asarray(hit[1]), np.asarray(x))):
-                return hit[2]
+            hit = _PIECES.get(self)
+            if (hit is not None and hit[0].shape == x.shape and hit[0].dtype == x.dtype
+                    and np.array_equal(np.asarray(hit[0]), np.asarray(x))):
+                return hit[1]
         kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
-        st = self._state
         if self.noise_model == "scaled":
             pieces = self._latent(kxt, kxx, False)
         else:
+            st = self._state
             lam, U, yt = st["lam"], st["U"], st["ytilde"]
+            beta = self._scale_samples()[0]
             P = kxt @ U  # (L, N), once
-            beta = st["beta"]
             d = beta[:, None] * lam[None, :] + self.noise  # (S, N)
             mean = beta[:, None, None] * jnp.einsum("ln,snc->slc", P, yt[None] / d[:, :, None])  # a matmul, no (S,L,N)
             var = beta[:, None] * kxx[None, :] - beta[:, None] ** 2 * ((P**2) @ (1.0 / d).T).T
             pieces = mean, jnp.clip(var, 0.0, None)
-        if cache_key is not None:
-            self.__dict__["_pieces_cache"] = (cache_key, x, pieces)
+        if cacheable:
+            _PIECES[self] = (x, pieces)
         return pieces
-
-    def __getstate__(self):
-        # the cache of _marginal_pieces is derived data: it is neither copied nor pickled
-        state = dict(self.__dict__)
-        state.pop("_pieces_cache", None)
-        return state
 
     def predict(self, x_test=None, *, k_test_train=None, k_test_test=None, noisy: bool = True):
         """Marginal predictive distribution at each test point (and output).
@@ -559,26 +695,16 @@ class Posterior:
         ``log_prob``; :func:`interval` gives central intervals.
         """
         mean, var = self._marginal_pieces(x_test, k_test_train, k_test_test)
-        st = self._state
-        sq = (lambda a: a[..., 0]) if self.squeeze else (lambda a: a)
-        if self.noise_model == "scaled":
-            noise = self.noise if noisy else 0.0
-            if self.kind == "gaussian":
-                loc, _, scale = _scaled_marginals(mean, var, noise, 1.0, st["s"], 1.0, self.squeeze)
-                return dist.Normal(loc, scale)
-            if self.kind == "student_t":
-                # scale^2 = (2 b' / df) var
-                loc, _, scale = _scaled_marginals(mean, var, noise, 2.0, st["b_post"], st["df"], self.squeeze)
-                return dist.StudentT(st["df"], loc, scale)
-            # scale = sqrt(beta_s * var): kept factorised, (S, L) arrays are never formed to answer mean,
-            # variance or log_prob
-            loc, var, _ = _scaled_marginals(mean, var, noise, 1.0, 1.0, 1.0, self.squeeze)
-            return GaussianMixture._from_scale_factors(st["log_w"], loc[None], st["beta"], var)
+        return self._predictive(mean, var, noisy)
+
+    def _squeeze(self, a):
+        return a[..., 0] if self.squeeze else a
+
+    def _unscaled_pieces(self, mean, var, noisy):
+        """Per-sample mean and standard deviation (S, L[, C]) of the unscaled-noise predictive."""
         var = var + (self.noise if noisy else 0.0)
         scale = jnp.sqrt(var)[:, :, None] * jnp.ones_like(mean)
-        if self.kind == "gaussian":
-            return dist.Normal(sq(mean[0]), sq(scale[0]))
-        return GaussianMixture(st["log_w"], sq(mean), sq(scale))
+        return self._squeeze(mean), self._squeeze(scale)
 
     def predict_mean_std(self, x_test=None, **kw):
         """``(mean, std)`` of the predictive (``std`` is ``inf`` where the variance does not exist)."""
@@ -595,6 +721,42 @@ class Posterior:
         lp = p.log_prob(y_test)
         return lp if lp.ndim == 1 else lp.sum(-1)
 
+    def predict_covariance(self, x_test=None, *, k_test_train=None, k_test_test=None, noisy: bool = True):
+        """Joint predictive covariance at the test points, (L, L) or (L, L, C).
+
+        * scaled noise: ``E[sigma^2 | Y] (S* + noise I)``, S* the Gaussian conditional covariance
+          (``inf`` everywhere when ``E[sigma^2 | Y]`` is infinite, a Student-t with ``df <= 2``);
+        * unscaled noise: the mixture's law of total covariance,
+          ``sum_s w_s (beta_s K** - beta_s^2 P D_s^-1 P^T) + sum_s w_s (m_s - m)(m_s - m)^T + noise I``
+          with ``K = U diag(lam) U^T``, ``P = K*x U`` and ``D_s = beta_s lam + noise``.
+
+        ``k_test_test`` must be the full (L, L) matrix.
+        """
+        kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=True)
+        n_test = kxt.shape[0]
+        eye = jnp.eye(n_test, dtype=kxx.dtype)
+        if self.noise_model == "scaled":
+            _, s_star = self._latent(kxt, kxx, True)
+            if noisy:
+                s_star = s_star + self.noise * eye
+            e_beta = self._scale_mean()
+            cov = jnp.broadcast_to((e_beta * s_star)[..., None], (n_test, n_test, self.n_out))
+            cov = jnp.where(jnp.isinf(e_beta), jnp.inf, cov)
+        else:
+            st = self._state
+            lam, U, yt = st["lam"], st["U"], st["ytilde"]
+            beta, log_w = self._scale_samples()
+            w = jnp.exp(log_w)
+            P = kxt @ U
+            dinv = 1.0 / (beta[:, None] * lam[None, :] + self.noise)  # (S, N)
+            within = jnp.sum(w * beta) * kxx - (P * jnp.sum((w * beta**2)[:, None] * dinv, axis=0)) @ P.T
+            if noisy:
+                within = within + self.noise * eye
+            means = beta[:, None, None] * jnp.einsum("ln,sn,nc->slc", P, dinv, yt)  # (S, L, C)
+            dev = jnp.sqrt(w)[:, None, None] * (means - jnp.sum(w[:, None, None] * means, axis=0))
+            cov = within[..., None] + jnp.einsum("slc,skc->lkc", dev, dev)
+        return self._squeeze(cov)
+
     def sample_f(self, key, x_test=None, num_samples: int = 1, *, k_test_train=None, k_test_test=None,
                  noisy: bool = False):
         """Joint posterior draws at the test points, shape ``(num_samples, L)`` or ``(num_samples, L, C)``.
@@ -602,25 +764,19 @@ class Posterior:
         One sigma^2 per draw, shared by all points and outputs.
         """
         kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=True)
-        st = self._state
         L = kxt.shape[0]
         k_beta, k_z = jax.random.split(key)
-        if self.kind == "gaussian":
-            beta = jnp.full((num_samples,), st["s"])
-        elif self.kind == "student_t":
-            beta = priors.InverseGamma(st["a_post"], st["b_post"]).sample(k_beta, (num_samples,))
-        else:
-            idx = _weighted_indices(k_beta, st["log_w"], (num_samples,))
-            beta = st["beta"][idx]
+        beta = self._draw_scales(k_beta, num_samples)
         z_shape = (num_samples, L, self.n_out)
         if self.noise_model == "scaled":
             mean, cov = self._latent(kxt, kxx, True)
             if noisy:
                 cov = cov + self.noise * jnp.eye(L, dtype=cov.dtype)
-            chol = linalg.cholesky(0.5 * (cov + cov.T), name="posterior covariance S*").L
+            chol = _joint_cholesky(cov)
             z = jax.random.normal(k_z, z_shape, dtype=cov.dtype)
             out = mean[None] + jnp.sqrt(beta)[:, None, None] * jnp.einsum("ij,sjc->sic", chol, z)
         else:
+            st = self._state
             lam, U, yt = st["lam"], st["U"], st["ytilde"]
             P = kxt @ U
             keys = jax.random.split(k_z, num_samples)
@@ -632,10 +788,118 @@ class Posterior:
                 cov = b * kxx - b**2 * (P * dinv) @ P.T
                 if noisy:
                     cov = cov + self.noise * jnp.eye(L, dtype=cov.dtype)
-                chol = linalg.cholesky(0.5 * (cov + cov.T), name="posterior covariance S*").L
+                chol = _joint_cholesky(cov)
                 draws.append(m + chol @ jax.random.normal(keys[i], (L, self.n_out), dtype=cov.dtype))
             out = jnp.stack(draws)
-        return out[..., 0] if self.squeeze else out
+        return self._squeeze(out)
+
+
+def _joint_cholesky(cov):
+    """Cholesky factor of a (symmetrised) posterior covariance: with jitter escalation and an error naming the
+    matrix when concrete; with a fixed relative jitter of 1e-10 under a transformation."""
+    cov = 0.5 * (cov + cov.T)
+    if _concrete(cov):
+        return linalg.cholesky(cov, name="posterior covariance S*").L
+    return linalg.cholesky_jittered(cov, 1e-10)
+
+
+class GaussianPosterior(Posterior):
+    """The NNGP posterior, ``sigma^2 = s`` (prior ``Delta(s)``): Gaussian predictive, exact marginal likelihood."""
+
+    kind = "gaussian"
+    _LEAVES = Posterior._LEAVES + ("s",)
+
+    @property
+    def df(self):
+        return math.inf
+
+    @property
+    def scale_posterior(self):
+        return priors.Delta(self.s)
+
+    def _predictive(self, mean, var, noisy):
+        if self.noise_model == "scaled":
+            loc, _, scale = _scaled_marginals(mean, var, self.noise if noisy else 0.0, 1.0, self.s, 1.0, self.squeeze)
+            return dist.Normal(loc, scale)
+        loc, scale = self._unscaled_pieces(mean, var, noisy)
+        return dist.Normal(loc[0], scale[0])
+
+    def _draw_scales(self, key, num_samples):
+        return jnp.full((num_samples,), self.s)
+
+    def _scale_mean(self):
+        return self.s
+
+    def _scale_samples(self):
+        dtype = self._state["lam"].dtype
+        return jnp.reshape(self.s, (1,)).astype(dtype), jnp.zeros(1, dtype)
+
+
+class StudentTPosterior(Posterior):
+    """The Student-t process (prior ``InverseGamma(a, b)``, scaled noise): ``sigma^2 | Y ~ InvGamma(a_post, b_post)``,
+    Student-t predictive with ``df = 2a + N C``, exact marginal likelihood."""
+
+    kind = "student_t"
+    _LEAVES = Posterior._LEAVES + ("a_post", "b_post", "_df")
+
+    @property
+    def df(self):
+        return _scalar(self._df)
+
+    @property
+    def scale_posterior(self):
+        return priors.InverseGamma(self.a_post, self.b_post)
+
+    def _predictive(self, mean, var, noisy):
+        # scale^2 = (2 b' / df) var
+        loc, _, scale = _scaled_marginals(mean, var, self.noise if noisy else 0.0, 2.0, self.b_post, self._df,
+                                          self.squeeze)
+        return dist.StudentT(self._df, loc, scale)
+
+    def _draw_scales(self, key, num_samples):
+        return priors.InverseGamma(self.a_post, self.b_post).sample(key, (num_samples,))
+
+    def _scale_mean(self):
+        # E[InvGamma(a', b')] = b' / (a' - 1), infinite for a' <= 1 (df <= 2)
+        return jnp.where(self._df > 2, self.b_post / (self.a_post - 1), jnp.inf)
+
+
+class ImportancePosterior(Posterior):
+    """Any other prior, or unscaled noise: the scale posterior as self-normalised importance samples
+    ``(beta, log w)`` (pruned of negligible weights); Gaussian-mixture predictive."""
+
+    kind = "importance"
+    _LEAVES = Posterior._LEAVES + ("beta", "log_w", "_ess")
+    _STATIC = Posterior._STATIC + ("_num_samples",)
+
+    @property
+    def ess(self):
+        return _scalar(self._ess)
+
+    @property
+    def num_samples(self):
+        return self._num_samples
+
+    def scale_posterior_samples(self):
+        return self.beta, self.log_w
+
+    def _predictive(self, mean, var, noisy):
+        if self.noise_model == "scaled":
+            # scale = sqrt(beta_s * var): kept factorised, (S, L) arrays are never formed to answer mean,
+            # variance or log_prob
+            loc, var, _ = _scaled_marginals(mean, var, self.noise if noisy else 0.0, 1.0, 1.0, 1.0, self.squeeze)
+            return GaussianMixture._from_scale_factors(self.log_w, loc[None], self.beta, var)
+        loc, scale = self._unscaled_pieces(mean, var, noisy)
+        return GaussianMixture(self.log_w, loc, scale)
+
+    def _draw_scales(self, key, num_samples):
+        return self.beta[_weighted_indices(key, self.log_w, (num_samples,))]
+
+    def _scale_mean(self):
+        return jnp.sum(jnp.exp(self.log_w) * self.beta)
+
+    def _scale_samples(self):
+        return self.beta, self.log_w
 
 
 @functools.partial(jax.jit, static_argnums=6)
@@ -698,9 +962,7 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
     k_train = _evaluator(kfn)(x_train, None)
     post = fit_from_kernels(k_train, y_train, prior, noise=noise, noise_model=noise_model, num_samples=num_samples,
                             key=key, min_ess=min_ess, proposal=proposal)
-    post.kernel = kfn
-    post.x_train = x_train
-    return post
+    return post.replace(kernel=kfn, x_train=x_train)
 
 
 def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_model: str = "scaled",
@@ -735,15 +997,13 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
         if is_delta:
             s = prior.v
             lml = _gaussian_log_ml_jit(q, ld, n, n_out, s)
-            state["s"] = s
-            return Posterior(kind="gaussian", log_marginal_likelihood=float(lml), jitter=chol.jitter,
-                             _state=state, **common)
+            return GaussianPosterior(log_marginal_likelihood=float(lml), jitter=chol.jitter, state=state, s=s,
+                                     **common)
         if priors.is_inverse_gamma(prior):
             a, b = priors.inverse_gamma_params(prior)
             lml, a_post, b_post, df = _student_t_fit(q, ld, n, n_out, a, b)
-            state.update(a_post=a_post, b_post=b_post, df=df)
-            return Posterior(kind="student_t", log_marginal_likelihood=float(lml), jitter=chol.jitter,
-                             _state=state, **common)
+            return StudentTPosterior(log_marginal_likelihood=float(lml), jitter=chol.jitter, state=state,
+                                     a_post=a_post, b_post=b_post, _df=df, **common)
         if proposal == "prior":
             beta = _prior_samples(prior, key, num_samples, k_train.dtype)
             log_w = scaled_log_weights(q, ld, n, n_out, beta)
@@ -765,8 +1025,7 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
     if is_delta:
         beta = jnp.reshape(prior.v, (1,)).astype(k_train.dtype)
         log_w = unscaled_log_weights(lam, ytilde**2, noise, beta)
-        state.update(beta=beta, log_w=jnp.zeros(1, k_train.dtype), s=prior.v)
-        return Posterior(kind="gaussian", log_marginal_likelihood=float(log_w[0]), _state=state, **common)
+        return GaussianPosterior(log_marginal_likelihood=float(log_w[0]), state=state, s=prior.v, **common)
     beta = _prior_samples(prior, key, num_samples, k_train.dtype)
     log_w = unscaled_log_weights(lam, ytilde**2, noise, beta)
     return _importance_posterior(common, state, beta, log_w, 0.0, num_samples, min_ess)
@@ -819,6 +1078,6 @@ def _importance_posterior(common, state, beta, log_w, jitter, num_samples, min_e
             "proposal here; increase num_samples or check the prior", SmallESSWarning, stacklevel=3,
         )
     keep = np.asarray(log_wn > _PRUNE_LOG_WEIGHT)
-    state.update(beta=beta[keep], log_w=log_wn[keep] - logsumexp(log_wn[keep]))
-    return Posterior(kind="importance", log_marginal_likelihood=lml, jitter=jitter, ess=ess,
-                     num_samples=int(log_w.shape[0]), _state=state, **common)
+    return ImportancePosterior(log_marginal_likelihood=lml, jitter=jitter, state=state, beta=beta[keep],
+                               log_w=log_wn[keep] - logsumexp(log_wn[keep]), _ess=ess,
+                               _num_samples=int(log_w.shape[0]), **common)

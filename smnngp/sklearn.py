@@ -24,7 +24,6 @@ All arrays returned are NumPy float64.
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import math
@@ -37,14 +36,11 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_array, check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from smnngp import models
 from smnngp import posterior as _posterior
 from smnngp import priors as _priors
-from smnngp import stax
 
 __all__ = ["ScaleMixtureRegressor"]
-
-_PRIOR_NAMES = ("gaussian", "student_t", "burr12")
-_ACTIVATIONS = ("relu", "erf")
 
 
 def _x64():
@@ -73,17 +69,14 @@ def _mlp_kernel_fns(depth, activation, W_std, b_std):
     per primitive and shape (eager dispatch); sharing it across estimators lets
     clones, cross-validation folds and refits reuse those compilations.
     """
-    act = {"relu": stax.Relu, "erf": stax.Erf}[activation]
-    layers = []
-    for _ in range(depth):
-        layers += [stax.Dense(1, W_std=W_std, b_std=b_std), act()]
-    layers.append(stax.Dense(1, W_std=1.0))
-    kernel_fn = stax.serial(*layers)[2]
+    kernel_fn = models.mlp(depth, activation, W_std, b_std, readout_bias=False)[2]
     return jax.jit(lambda x1: kernel_fn(x1, None, "nngp")), jax.jit(lambda x1, x2: kernel_fn(x1, x2, "nngp"))
 
 
 class _MLPKernel:
     """NNGP of ``depth`` x [Dense(W_std, b_std), activation] followed by Dense(1, W_std=1), as ``k(x1, x2)``.
+
+    (`smnngp.models.mlp` without a readout bias.)
 
     The readout has unit weight variance and no bias so that the scale prior on
     sigma_v^2 carries the output scale (paper section 3).  Picklable: it holds
@@ -227,12 +220,12 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
         random_state=None,
         depth=2,
         activation="relu",
-        W_std=1.4,
-        b_std=0.1,
-        a=2.0,
-        b=2.0,
-        c=2.0,
-        k=1.0,
+        W_std=models.W_STD["relu"],
+        b_std=models.B_STD,
+        a=models.PRIOR_DEFAULTS["a"],
+        b=models.PRIOR_DEFAULTS["b"],
+        c=models.PRIOR_DEFAULTS["c"],
+        k=models.PRIOR_DEFAULTS["k"],
     ):
         self.kernel = kernel
         self.prior = prior
@@ -262,10 +255,7 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
         state = dict(super().__getstate__())  # object.__getstate__ returns __dict__ itself
         post = state.get("posterior_")
         if post is not None:
-            post = copy.copy(post)
-            post._state = jax.tree.map(np.asarray, post._state)
-            post.x_train = np.asarray(post.x_train)
-            state["posterior_"] = post
+            state["posterior_"] = jax.tree.map(np.asarray, post)  # every leaf of the pytree, the prior's included
         return state
 
     # -- parameter resolution --
@@ -277,8 +267,8 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
             depth = self.depth
             if not (isinstance(depth, numbers.Integral) and not isinstance(depth, bool) and depth >= 0):
                 raise ValueError(f"{name}: parameter 'depth' must be a non-negative integer, got {depth!r}")
-            if self.activation not in _ACTIVATIONS:
-                raise ValueError(f"{name}: parameter 'activation' must be one of {_ACTIVATIONS}, "
+            if self.activation not in models.ACTIVATIONS:
+                raise ValueError(f"{name}: parameter 'activation' must be one of {tuple(models.ACTIVATIONS)}, "
                                  f"got {self.activation!r}")
             W_std = _positive(self, "W_std")
             b_std = None if self.b_std is None else _positive(self, "b_std", allow_zero=True)
@@ -294,14 +284,10 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
         prior = self.prior
         name = type(self).__name__
         if isinstance(prior, str):
-            if prior == "gaussian":
-                return _priors.Delta(1.0)
-            if prior == "student_t":
-                return _priors.InverseGamma(_positive(self, "a"), _positive(self, "b"))
-            if prior == "burr12":
-                return _priors.BurrXII(_positive(self, "c"), _positive(self, "k"))
-            raise ValueError(f"{name}: parameter 'prior' must be one of {_PRIOR_NAMES} or a distribution, "
-                             f"got {prior!r}")
+            if prior not in models.MODELS:
+                raise ValueError(f"{name}: parameter 'prior' must be one of {models.MODELS} or a distribution, "
+                                 f"got {prior!r}")
+            return models.prior(prior, {p: _positive(self, p) for p in models.PRIOR_PARAMS[prior]})
         try:
             return _priors.as_prior(prior)
         except (TypeError, ValueError) as e:
@@ -378,11 +364,11 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
             mean = np.asarray(p.mean, dtype=np.float64) * sd + mu
             if return_std:
                 var = np.asarray(p.variance, dtype=np.float64)
-                if self.posterior_.kind == "student_t" and self.posterior_.df <= 2:
+                if isinstance(self.posterior_, _posterior.StudentTPosterior) and self.posterior_.df <= 2:
                     var = np.full_like(var, np.inf)
                 return mean, np.sqrt(var) * sd
             if return_cov:
-                cov = np.asarray(_joint_covariance(self.posterior_, jnp.asarray(X), noisy), dtype=np.float64)
+                cov = np.asarray(self.posterior_.predict_covariance(jnp.asarray(X), noisy=noisy), dtype=np.float64)
                 return mean, cov * sd**2
         return mean
 
@@ -429,45 +415,3 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
                             dtype=np.float64)
         return float(np.mean(lp) - np.sum(np.log(self.y_train_std_)))
 
-
-def _joint_covariance(post, x, noisy):
-    """Joint predictive covariance at ``x``, (L, L) or (L, L, C), in the posterior's (standardised) units.
-
-    * scaled noise: ``E[sigma^2 | Y] (S* + noise I)``, S* the Gaussian conditional covariance;
-    * unscaled noise: the mixture's law of total covariance,
-      ``sum_s w_s (beta_s K** - beta_s^2 P D_s^-1 P^T) + sum_s w_s (m_s - m)(m_s - m)^T + noise I``
-      with ``K = U diag(lam) U^T``, ``P = K*x U`` and ``D_s = beta_s lam + noise``.
-
-    It reads private parts of :class:`smnngp.posterior.Posterior`; it belongs
-    there, as a ``full_cov`` option of ``Posterior.predict``.
-    """
-    kxt, kxx = post._test_kernels(x, None, None, full_cov=True)
-    st = post._state
-    n_test = kxt.shape[0]
-    eye = jnp.eye(n_test, dtype=kxx.dtype)
-    if post.noise_model == "scaled":
-        _, s_star = post._latent(kxt, kxx, True)
-        if noisy:
-            s_star = s_star + post.noise * eye
-        if post.kind == "gaussian":
-            e_beta = st["s"]
-        elif post.kind == "student_t":
-            if float(st["df"]) <= 2:  # E[sigma^2 | Y] is infinite: no covariance
-                return jnp.full((n_test, n_test) + (() if post.squeeze else (post.n_out,)), jnp.inf)
-            # E[InvGamma(a', b')] = b' / (a' - 1) = 2 b' / (df - 2)
-            e_beta = st["b_post"] / (st["a_post"] - 1)
-        else:
-            e_beta = jnp.sum(jnp.exp(st["log_w"]) * st["beta"])
-        cov = jnp.broadcast_to((e_beta * s_star)[..., None], (n_test, n_test, post.n_out))
-    else:
-        lam, U, yt, beta = st["lam"], st["U"], st["ytilde"], st["beta"]
-        w = jnp.exp(st["log_w"])
-        P = kxt @ U
-        dinv = 1.0 / (beta[:, None] * lam[None, :] + post.noise)  # (S, N)
-        within = jnp.sum(w * beta) * kxx - (P * jnp.sum((w * beta**2)[:, None] * dinv, axis=0)) @ P.T
-        if noisy:
-            within = within + post.noise * eye
-        means = beta[:, None, None] * jnp.einsum("ln,sn,nc->slc", P, dinv, yt)  # (S, L, C)
-        dev = jnp.sqrt(w)[:, None, None] * (means - jnp.sum(w[:, None, None] * means, axis=0))
-        cov = within[..., None] + jnp.einsum("slc,skc->lkc", dev, dev)
-    return cov[..., 0] if post.squeeze else cov

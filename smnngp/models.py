@@ -1,0 +1,141 @@
+"""The regression models by name, their defaults, and the MLP architecture they share.
+
+One home for what `smnngp.hyper`, `smnngp.sklearn` and the experiments call
+``'gaussian'``, ``'student_t'`` and ``'burr12'`` (paper section 3.1): the scale
+prior on the readout variance sigma_v^2 that each name stands for, the
+starting values of its parameters, and the MLP whose NNGP they use by default.
+
+=============  ============================  ===================  =====================
+name           prior on sigma_v^2            its parameters       defaults
+=============  ============================  ===================  =====================
+'gaussian'     ``Delta(1)`` (the NNGP)       none                 -
+'student_t'    ``InverseGamma(a, b)``        ``a``, ``b``         a = b = 2
+'burr12'       ``BurrXII(c, k)`` (x scale)   ``c``, ``k``         c = 2, k = 1
+=============  ============================  ===================  =====================
+
+The MLP (:func:`mlp`): ``depth`` x [``Dense(W_std, b_std)``, activation], then a
+readout ``Dense(1, W_std=last_W_std)`` with bias ``b_std`` (or none). Its
+defaults for standardised inputs: ``W_std`` 1.4 (ReLU) or 1.5 (Erf),
+``b_std = 0.1``, ``last_W_std = 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpyro.distributions as dist
+
+from smnngp import priors, stax
+
+__all__ = [
+    "MODELS",
+    "PRIOR_PARAMS",
+    "PRIOR_DEFAULTS",
+    "ACTIVATIONS",
+    "W_STD",
+    "B_STD",
+    "check_model",
+    "prior",
+    "mlp",
+    "mlp_arch",
+]
+
+MODELS = ("gaussian", "student_t", "burr12")
+
+# The parameters of each model's scale prior, and where fitting and the estimators start them.
+PRIOR_PARAMS = {"gaussian": (), "student_t": ("a", "b"), "burr12": ("c", "k")}
+PRIOR_DEFAULTS = {"a": 2.0, "b": 2.0, "c": 2.0, "k": 1.0}
+
+ACTIVATIONS: dict[str, Callable[[], stax.Layer]] = {"relu": stax.Relu, "erf": stax.Erf}
+W_STD = {"relu": 1.4, "erf": 1.5}
+B_STD = 0.1
+
+
+def check_model(model) -> str:
+    """``model`` if it names a model, else a ValueError listing the names."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    return model
+
+
+def prior(model: str, params: dict | None = None):
+    """The scale prior of ``model``; ``params`` overrides :data:`PRIOR_DEFAULTS` (values may be traced).
+
+    ``'burr12'`` with a ``scale`` entry is ``scale * BurrXII(c, k)`` (Burr XII has no scale parameter of
+    its own; `smnngp.hyper.fit_burr_given_kernel` fits one).
+    """
+    check_model(model)
+    p = {**PRIOR_DEFAULTS, **(params or {})}
+    if model == "gaussian":
+        return priors.Delta(1.0)
+    if model == "student_t":
+        return priors.InverseGamma(p["a"], p["b"])
+    burr = priors.BurrXII(p["c"], p["k"])
+    if "scale" in p:
+        return dist.TransformedDistribution(burr, dist.transforms.AffineTransform(0.0, p["scale"]))
+    return burr
+
+
+def _check_mlp(depth, activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise ValueError(f"depth must be a non-negative integer, got {depth!r}")
+
+
+def mlp_arch(depth: int, activation: str = "relu", *, readout_bias: bool = True) -> Callable[[dict], stax.Layer]:
+    """``arch(params) -> Layer``: the MLP over a dict of scales (which may be traced).
+
+    ``params`` holds ``W_std`` and ``b_std`` (shared by the hidden layers; ``b_std=None`` means no
+    biases) and optionally ``last_W_std`` (the readout's weight scale, 1 when absent). With
+    ``readout_bias`` the readout has bias ``b_std``, as in `smnngp.hyper`; without it the readout is
+    ``Dense(1, W_std=last_W_std)``, as in `smnngp.sklearn`, so that the scale prior alone carries the
+    output's offset and scale. The builder is cached: one per (depth, activation, readout_bias), so
+    that kernels of the same MLP share their compilations (see `smnngp.stax.parametric_kernel`).
+    """
+    _check_mlp(depth, activation)
+    key = (int(depth), activation, bool(readout_bias))
+    if key not in _ARCHS:
+        _ARCHS[key] = _MLPArch(*key)
+    return _ARCHS[key]
+
+
+_ARCHS: dict = {}
+
+
+def _mlp_arch_positional(depth, activation, readout_bias):
+    return mlp_arch(depth, activation, readout_bias=readout_bias)
+
+
+class _MLPArch:
+    """The builder of :func:`mlp_arch` (a class, so that it pickles and names itself)."""
+
+    def __init__(self, depth, activation, readout_bias):
+        self.depth, self.activation, self.readout_bias = depth, activation, readout_bias
+        self.__name__ = f"mlp{depth}_{activation}"
+
+    def __call__(self, params) -> stax.Layer:
+        W_std, b_std = params["W_std"], params["b_std"]
+        act = ACTIVATIONS[self.activation]
+        layers = []
+        for _ in range(self.depth):
+            layers += [stax.Dense(1, W_std=W_std, b_std=b_std), act()]
+        layers.append(stax.Dense(1, W_std=params.get("last_W_std", 1.0), b_std=b_std if self.readout_bias else None))
+        return stax.serial(*layers)
+
+    def __reduce__(self):
+        return _mlp_arch_positional, (self.depth, self.activation, self.readout_bias)
+
+    def __repr__(self):
+        return f"mlp_arch({self.depth}, {self.activation!r}, readout_bias={self.readout_bias})"
+
+
+def mlp(depth: int, activation: str = "relu", W_std: float | None = None, b_std: float | None = B_STD,
+        last_W_std=1.0, *, readout_bias: bool = True) -> stax.Layer:
+    """The MLP of :func:`mlp_arch` at given scales (``W_std=None``: the activation's default)."""
+    _check_mlp(depth, activation)
+    if W_std is None:
+        W_std = W_STD[activation]
+    return mlp_arch(depth, activation, readout_bias=readout_bias)(
+        {"W_std": W_std, "b_std": b_std, "last_W_std": last_W_std})
+
