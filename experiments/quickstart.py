@@ -20,10 +20,10 @@ import numpy as np
 
 from experiments import metrics
 from experiments.report import Report, markdown_table
+from smnngp.models import MODELS
 
 DESCRIPTION = "diabetes: NNGP vs Student-t process vs Burr XII (fitted), plus the 1-D heavy-tailed band figure"
 
-MODELS = ("gaussian", "student_t", "burr12")
 NAMES = {"gaussian": "NNGP", "student_t": "Student-t process", "burr12": "Burr XII mixture"}
 
 
@@ -74,7 +74,7 @@ def _heavy_tailed_figure(out, seed, steps):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from smnngp import hyper, posterior, priors
+    from smnngp import hyper, models, posterior
 
     rng = np.random.default_rng(seed)
     x = np.sort(rng.uniform(-3, 3, 60))
@@ -90,9 +90,8 @@ def _heavy_tailed_figure(out, seed, steps):
     # the prior on the readout variance: Delta(1) (NNGP) or InverseGamma(2, 2) (Student-t process).
     fit = hyper.fit_hyperparameters(x[tr, None], y[tr], x[val, None], y[val], "gaussian", depth=2,
                                     activation="relu", max_steps=steps, eval_every=25, seed=seed)
-    prior_of = {"gaussian": priors.Delta(1.0), "student_t": priors.InverseGamma(2.0, 2.0)}
     for ax, m in zip(axes, ("gaussian", "student_t"), strict=True):
-        post = posterior.fit(fit.kernel_fn, x[:, None], y, prior_of[m], noise=fit.params["noise"])
+        post = posterior.fit(fit.kernel_fn, x[:, None], y, models.prior(m), noise=fit.params["noise"])
         pred = post.predict(xt[:, None], noisy=False)
         lo, hi = posterior.interval(pred, 0.95)
         ftrue = np.sin(2 * xt) + 0.3 * xt

@@ -47,10 +47,10 @@ import numpy as np
 
 from experiments import metrics
 from experiments.report import Report, markdown_table
+from smnngp.models import MODELS
 
 DESCRIPTION = "UCI regression (Tables 1, 5, 6): NNGP vs Student-t process vs Burr XII, both protocols"
 
-MODELS = ("gaussian", "student_t", "burr12")
 MODEL_NAMES = {"gaussian": "NNGP", "student_t": "Student-t (IG)", "burr12": "Burr XII"}
 
 # The paper's numbers (mean ± error as printed). NNGP columns are copied by the paper from Adlam et al. (2020),

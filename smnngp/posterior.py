@@ -481,7 +481,8 @@ class Posterior:
     As a pytree its arrays are leaves (the factorisation, the scale posterior, ``x_train``, ``noise``,
     the prior's parameters, ``log_marginal_likelihood``), its configuration is static (``noise_model``,
     sizes, the kernel callable, compared by identity), so a posterior is an argument and a result of
-    `jax.jit`, and a batch of posteriors (leaves stacked) is mapped over by `jax.vmap`. Outside
+    `jax.jit`, and a batch of posteriors (leaves stacked: same kind, sizes and kernel; importance
+    posteriors only when they kept as many samples) is mapped over by `jax.vmap`. Outside
     transformations the scalar attributes (``log_marginal_likelihood``, ``jitter``, ``df``, ``ess``)
     read as Python floats. Attributes cannot be set; :meth:`replace` returns a changed copy.
 

@@ -3,6 +3,7 @@
 import math
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,28 +21,38 @@ def _data(seed=0, n=N):
     return x, y
 
 
+def _mlp_raw(model, activation, depth=2):
+    """The MLP's loss function and its starting raw parameters, as `fit_hyperparameters` builds them."""
+    start = hyper.default_init(model, activation)
+    kernel = hyper.mlp_parametric_kernel(depth, activation, {k: v for k, v in start.items() if k in hyper._MLP_SCALES})
+    raw = {"kernel": kernel.theta, **hyper._unconstrain({k: v for k, v in start.items() if k not in hyper._MLP_SCALES})}
+    return kernel, raw
+
+
 @pytest.mark.parametrize("model,activation", [("gaussian", "relu"), ("student_t", "erf"), ("burr12", "relu")])
 def test_custom_gradient_matches_finite_differences(model, activation):
     x, y = _data()
-    raw = hyper._unconstrain(hyper.default_init(model, activation))
+    kernel, raw = _mlp_raw(model, activation)
     u = jax.random.uniform(jax.random.PRNGKey(0), (64,), dtype=jnp.float64, minval=1e-6, maxval=1 - 1e-6)
-    loss = hyper._loss_fn(model, 2, activation, 64)
+    loss = hyper._loss_fn(model, kernel.apply, 64)
     args = (jnp.asarray(x), jnp.asarray(y)[:, None], u)
     grads = jax.grad(loss)(raw, *args)
-    for name in raw:
+    flat, unravel = jax.flatten_util.ravel_pytree(raw)
+    g_flat = jax.flatten_util.ravel_pytree(grads)[0]
+    assert flat.shape[0] == len(hyper.default_init(model, activation))
+    for i in range(flat.shape[0]):
         eps = 1e-5
-        up = dict(raw, **{name: raw[name] + eps})
-        down = dict(raw, **{name: raw[name] - eps})
-        fd = (float(loss(up, *args)) - float(loss(down, *args))) / (2 * eps)
-        assert float(grads[name]) == pytest.approx(fd, rel=1e-5, abs=1e-8), name
+        step = jnp.zeros_like(flat).at[i].set(eps)
+        fd = (float(loss(unravel(flat + step), *args)) - float(loss(unravel(flat - step), *args))) / (2 * eps)
+        assert float(g_flat[i]) == pytest.approx(fd, rel=1e-5, abs=1e-8), i
 
 
 def test_loss_is_the_posterior_modules_marginal_likelihood():
     x, y = _data(1)
-    init = hyper.default_init("student_t")
-    raw = hyper._unconstrain(init)
-    loss = float(hyper._loss_fn("student_t", 2, "relu", 1)(raw, jnp.asarray(x), jnp.asarray(y)[:, None], None))
-    p = {k: float(v) for k, v in hyper._constrain(raw).items()}
+    kernel, raw = _mlp_raw("student_t", "relu")
+    loss = float(hyper._loss_fn("student_t", kernel.apply, 1)(raw, jnp.asarray(x), jnp.asarray(y)[:, None], None))
+    p = {**kernel.constrain(kernel.theta), **hyper._constrain({k: v for k, v in raw.items() if k != "kernel"})}
+    p = {k: float(v) for k, v in p.items()}
     kfn = hyper.mlp_kernel(2, "relu", p["W_std"], p["b_std"])
     post = posterior.fit(kfn, x, y, hyper.prior_of("student_t", p), noise=p["noise"])
     assert loss == pytest.approx(-post.log_marginal_likelihood / N, rel=1e-7)
