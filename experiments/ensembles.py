@@ -140,15 +140,13 @@ def run(args) -> Report:
 
 
 def _summarise(cells, combine):
+    from experiments.metrics import mean_se
+
     acc = {}
     for (_, _, scale), cell in cells.items():
         for test, per in cell["tests"].items():
             for k, v in per[combine].items():
                 acc.setdefault(test, {}).setdefault(scale, {}).setdefault(k, []).append(v)
-
-    def mean_se(v):
-        v = np.asarray(v, float)
-        return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0
 
     return {t: {s: {k: mean_se(v) for k, v in d.items()} | {"seeds": len(d["nll"])} for s, d in per.items()}
             for t, per in acc.items()}

@@ -26,7 +26,6 @@ Every (seed, variant) is a resumable cell in ``OUT/cells``; ``--seeds`` runs sev
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -225,6 +224,8 @@ def run(args) -> Report:
 
 def _summarise(cells):
     """Mean and standard error over seeds of every (test set, model) metric."""
+    from experiments.metrics import mean_se
+
     rows = {}
     for (_, variant), cell in cells.items():
         for model, res in cell["models"].items():
@@ -236,8 +237,7 @@ def _summarise(cells):
     for test, per_model in rows.items():
         out[test] = {}
         for model, metrics_ in per_model.items():
-            out[test][model] = {m: (float(np.mean(v)), float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1
-                                    else 0.0) for m, v in metrics_.items()}
+            out[test][model] = {m: mean_se(v) for m, v in metrics_.items()}
             out[test][model]["seeds"] = len(next(iter(metrics_.values())))
     return out
 

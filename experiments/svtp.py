@@ -201,19 +201,16 @@ def run(args) -> Report:
                   markdown=md, figures=figs)
 
 
-def _mean_se(v):
-    v = np.asarray(v, float)
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0
-
-
 def _summarise(cells):
+    from experiments.metrics import mean_se
+
     acc = {}
     for (_, _, m), cell in cells.items():
         for test, sc in cell["tests"].items():
             for k, v in sc.items():
                 if k != "reliability":
                     acc.setdefault(test, {}).setdefault(m, {}).setdefault(k, []).append(v)
-    return {t: {m: {k: _mean_se(v) for k, v in d.items()} | {"seeds": len(d["nll"])} for m, d in per.items()}
+    return {t: {m: {k: mean_se(v) for k, v in d.items()} | {"seeds": len(d["nll"])} for m, d in per.items()}
             for t, per in acc.items()}
 
 
