@@ -82,15 +82,16 @@ def _kernels(kernel_fn, x_train, tests):
 
 
 def _prior(model, c=None, k=None):
-    from smnngp import priors
+    """The scale prior of our model names through `smnngp.models` (``nngp`` is its ``'gaussian'``: Delta(1))."""
+    from smnngp import models
 
     if model == "nngp":
-        return priors.Delta(1.0)
+        return models.prior("gaussian")
     if model == "student_t":
-        return priors.InverseGamma(2.0, 2.0)
+        return models.prior("student_t")  # InvGamma(2, 2), the defaults
     if model == "burr12":
-        return priors.BurrXII(c, k)
-    raise ValueError(model)
+        return models.prior("burr12", {"c": c, "k": k})
+    raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
 
 
 def _fit(model, k_train, y, eps, num_samples, key, c=None, k=None):
