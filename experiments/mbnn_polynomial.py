@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from experiments import metrics
-from experiments.report import Report, markdown_table, write_json_atomic
+from experiments.report import Report, jsonable, markdown_table, write_json_atomic
 
 DESCRIPTION = "masked BNN vs BNN on the noisy cubic: coverage of 95-percent intervals (paper 95.3 vs 98.6) and bands"
 
@@ -151,7 +151,7 @@ def _model_result(m, s, args, x, y, x_eval, yt):
                nll=metrics.mixture_nll(yt, ft, sig), crps=metrics.mixture_crps(yt, ft, sig),
                mean_width=float(np.mean(hi - lo)), diagnostics=diag)
     band = (fg.mean(0),) + tuple(metrics.mixture_interval(fg, sig))
-    write_json_atomic(path, dict(settings=s, seed=seed, result=res, band=band))
+    write_json_atomic(path, jsonable(dict(settings=s, seed=seed, result=res, band=band)))
     if os.path.exists(chk):
         os.remove(chk)
     return res, band

@@ -45,13 +45,20 @@ def jsonable(obj):
 
 
 def write_json_atomic(path: str, obj) -> None:
-    """Write ``obj`` (made `jsonable`) to ``path`` atomically: a reader never sees half a file, and an
-    interrupted run leaves the previous version in place."""
+    """Write ``obj`` as JSON to ``path`` atomically: a reader never sees half a file, and an interrupted run
+    leaves the previous version in place. Arrays are written as lists; floats as they are (NaN stays ``NaN``,
+    as `json` writes it: pass ``jsonable(obj)`` for ``null`` instead)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
-        json.dump(jsonable(obj), fh, indent=1)
+        json.dump(obj, fh, indent=1, default=_as_list)
     os.replace(tmp, path)
+
+
+def _as_list(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
 def cell(path: str, config: dict, compute, *, log=None) -> dict:
