@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import os
 import pickle
 
 import jax
@@ -479,3 +480,29 @@ def test_pool_step_gives_every_chain_the_smallest_adapted_step():
     with pytest.raises(ValueError, match="pool_step"):
         sample(sampler, jax.random.PRNGKey(3), num_chains=2, num_burnin=4, num_samples=1, progress=False,
                pool_step="mean")
+
+
+def test_sample_fixed_seed_regression():
+    """Two fixed-seed runs of `sample`, against draws, traces and final states recorded at commit 3f4bd5a (before
+    the sampler was rebuilt on `samplers.driver`): a chunked compacted run with the adaptation restart, pooled
+    steps, thinning and a kept function; and a one-iteration-per-call NUTS run at full width."""
+    golden = np.load(os.path.join(os.path.dirname(__file__), "golden", "mbnn_sample_regression.npz"))
+    model = _poly_model(width=12, n=10)
+    xt = jnp.linspace(-4, 4, 3)[:, None]
+    fns = {"f": lambda p, m, s2, b: model.net.apply(p, m, xt, b)[:, 0]}
+    runs = {
+        "a": sample(mbnn_sampler(model, num_integration_steps=3, step_size=1e-2, n_mh=3), jax.random.PRNGKey(5),
+                    num_chains=2, num_burnin=24, num_samples=3, thinning=3, chunk=5, pool_step="min", functions=fns,
+                    progress=False),
+        "c": sample(mbnn_sampler(model, theta_kernel="nuts", step_size=1e-2, n_mh=2), jax.random.PRNGKey(2),
+                    num_chains=2, num_burnin=6, num_samples=2, thinning=2, chunk=1, compact=False, progress=False,
+                    restart_adaptation=False),
+    }
+    for name, res in runs.items():
+        got = {**{f"{name}/draws/{k}": v for k, v in res.draws.items()},
+               **{f"{name}/traces/{k}": v for k, v in res.traces.items()},
+               **{f"{name}/state/{i}": v for i, v in enumerate(jax.tree_util.tree_leaves(res.state))}}
+        expect = {k: golden[k] for k in golden.files if k.startswith(name + "/")}
+        assert sorted(got) == sorted(expect)
+        for k, v in expect.items():
+            np.testing.assert_allclose(np.asarray(got[k]), v, rtol=1e-12, atol=1e-12, err_msg=k)
