@@ -541,8 +541,9 @@ def _q_factor(model, params):
 def _projection(model, params, x):
     """``A = L^{-1} K_ZX`` (M, B) and ``diag K_XX`` (B,)."""
     Z, theta = params.inducing, params.kernel
-    L = linalg.cholesky_jittered(_kmat(model, theta, Z, Z), model.jitter)
-    A = linalg.solve_triangular(L, _kmat(model, theta, Z, x))
+    Kzz = _kmat(model, theta, Z, Z)
+    Kzz = Kzz + (model.jitter * jnp.mean(jnp.diag(Kzz))) * jnp.eye(Kzz.shape[0], dtype=Kzz.dtype)
+    A = linalg.whiten(Kzz, _kmat(model, theta, Z, x))
     return A, _kdiag(model, theta, x)
 
 
