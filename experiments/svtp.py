@@ -36,7 +36,7 @@ from experiments.report import Report, markdown_table
 
 DESCRIPTION = "SVGP vs SVTP (softmax likelihood) on digits: clean, shifted, OOD; calibration (paper Table 2)"
 
-MODELS = ("svgp", "svtp")
+MODELS = ("svgp", "svtp", "svtp-pinned")
 OOD_CLASSES = (1, 4, 8)
 # our test-set names beside the paper's Table 2 rows (MNIST family)
 PAPER_ROWS = {"clean": "MNIST", "shot-noise": "MNIST + Shot", "impulse-noise": "MNIST + Impulse",
@@ -60,6 +60,9 @@ def add_arguments(parser):
     parser.add_argument("--num-samples", type=int, default=500, help="Monte-Carlo draws of the predictive")
     parser.add_argument("--variants", nargs="*", default=["clean", "ood"], choices=["clean", "ood"],
                         help="training variants (default both; quick mode: clean)")
+    parser.add_argument("--models", nargs="*", default=["svgp", "svtp"], choices=list(MODELS),
+                        help="svgp, svtp (readout W_std pinned: sigma^2 is the amplitude), svtp-pinned (every W_std "
+                             "pinned, only b_std trained); default svgp svtp")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
 
 
@@ -82,16 +85,19 @@ def cnn_init(depth: int) -> dict:
     return {"W_std": [math.sqrt(2.0)] * depth, "b_std": [0.1] * depth, "W_out": 1.0, "b_out": 0.1}
 
 
-def cnn_kernel(depth: int, *, train_amplitude: bool = True):
+def cnn_kernel(depth: int, *, train_amplitude: bool = True, pin_weights: bool = False):
     """The conv NNGP as a `smnngp.kernels.ParametricKernel` (every scale trained). Without
-    ``train_amplitude`` the readout ``W_std`` stays 1: the SVTP's sigma^2 is that amplitude."""
+    ``train_amplitude`` the readout ``W_std`` stays 1: the SVTP's sigma^2 is that amplitude. With ``pin_weights``
+    every ``W_std`` stays at its starting value and only the ``b_std`` are trained: the ReLU layers are positively
+    homogeneous, so trained hidden ``W_std`` can still carry an overall amplitude that competes with sigma^2."""
     from smnngp import stax
 
     arch, init = cnn_arch(depth), cnn_init(depth)
-    if train_amplitude:
+    if train_amplitude and not pin_weights:
         return stax.parametric_kernel(arch, init)
-    fixed = init.pop("W_out")
-    return stax.parametric_kernel(lambda p: arch({**p, "W_out": fixed}), init)
+    pinned = ("W_out", "W_std") if pin_weights else ("W_out",)
+    fixed = {k: init.pop(k) for k in pinned}
+    return stax.parametric_kernel(lambda p: arch({**p, **fixed}), init)
 
 
 def _scores(probs, labels):
@@ -132,7 +138,8 @@ def _run_cell(args, data, seed, variant, model_name, log):
     x_fit = jnp.asarray(x_tr[tr], jnp.float64)
     Z = vi.stratified_inducing(x_fit, y_tr[tr], min(args.num_inducing, len(tr)), k_z)
     build = vi.svgp if model_name == "svgp" else vi.svtp
-    model = build(cnn_kernel(args.depth, train_amplitude=model_name == "svgp"), vi.Softmax(C), Z)
+    kernel = cnn_kernel(args.depth, train_amplitude=model_name == "svgp", pin_weights=model_name == "svtp-pinned")
+    model = build(kernel, vi.Softmax(C), Z)
     t0 = time.perf_counter()
     fit = vi.fit(model, vi.init(model), x_fit, jnp.asarray(y_tr[tr]), key=k_fit, learning_rate=args.lr,
                  batch_size=min(args.batch, len(tr)), num_steps=args.steps,
@@ -159,7 +166,7 @@ def _run_cell(args, data, seed, variant, model_name, log):
     if variant == "clean":
         cell["sweep"] = {s: [_scores(probs(apply_shift(s, x_te, sev, seed=seed)), y_te)["nll"]
                              for sev in range(1, 6)] for s in args.sweep}
-    if model_name == "svtp":
+    if model_name != "svgp":
         q = vi.scale_posterior(model, fit.params)
         cell["q_sigma2"] = {"mean": float(q.mean), "a": float(q.concentration), "b": float(q.rate)}
     log(f"seed {seed} {variant} {model_name}: {cell['steps']} steps in {seconds:.0f} s, clean NLL "
@@ -188,7 +195,7 @@ def run(args) -> Report:
     cells = {}
     for seed in range(args.seed, args.seed + args.seeds):
         for variant in args.variants:
-            for m in MODELS:
+            for m in args.models:
                 path = os.path.join(args.out, "cells", f"seed{seed}_{variant}_{m}.json")
                 cells[(seed, variant, m)] = report.cell(
                     path, config, lambda s=seed, v=variant, mm=m: _run_cell(args, data, s, v, mm, log), log=log)
@@ -219,6 +226,8 @@ def _markdown(args, summary, cells):
 
     rows = []
     for test, per in summary.items():
+        if "svgp" not in per or "svtp" not in per:
+            continue
         g, t = per["svgp"], per["svtp"]
         row = [test]
         for m in (g, t):
@@ -248,19 +257,28 @@ def _markdown(args, summary, cells):
            "equal-width bins. The OOD row is the model trained without classes 1, 4, 8 and tested on all classes "
            "(AUROC: predictive entropy separating the removed classes). Paper rows: MNIST (60,000 images, M = 400): "
            "compare the ordering of SVGP and SVTP, not the values."]
+    pinned = [[test, f"{100 * p['nll'][0]:.2f} ± {100 * p['nll'][1]:.2f}",
+               f"{100 * p['accuracy'][0]:.2f} ± {100 * p['accuracy'][1]:.2f}", f"{p['ece'][0]:.3f}", p["seeds"]]
+              for test, per in summary.items() if (p := per.get("svtp-pinned")) is not None]
+    if pinned:
+        md += ["", "SVTP with every W_std pinned at its start (only b_std trained), so that sigma^2 alone carries "
+               "the kernel's amplitude:", "",
+               markdown_table(["test set", "NLL x100", "acc (%)", "ECE", "seeds"], pinned)]
     return "\n".join(md)
 
 
 def _reliability_figure(out, cells, seed):
     import matplotlib.pyplot as plt
 
-    clean = cells.get((seed, "clean", "svgp"), {"tests": {}})["tests"]
+    clean = next((c["tests"] for (s, v, _), c in cells.items() if s == seed and v == "clean"), {})
     tests = [t for t in ("clean", "shot-noise", "glass-blur") if t in clean]
-    tests += ["ood"] if (seed, "ood", "svgp") in cells else []
+    tests += ["ood"] if any(s == seed and v == "ood" for (s, v, _) in cells) else []
     fig, axes = plt.subplots(1, len(tests), figsize=(3 * len(tests), 3), squeeze=False)
     for ax, test in zip(axes[0], tests):
         variant = "ood" if test == "ood" else "clean"
-        for m, style in (("svgp", "o-"), ("svtp", "s--")):
+        for m, style in (("svgp", "o-"), ("svtp", "s--"), ("svtp-pinned", "^:")):
+            if (seed, variant, m) not in cells:
+                continue
             rel = cells[(seed, variant, m)]["tests"][test]["reliability"]
             ax.plot(rel["confidence"], rel["accuracy"], style, ms=3, label=m)
         ax.plot([0, 1], [0, 1], "k:", lw=0.8)
@@ -281,7 +299,7 @@ def _sweep_figure(out, cells, sweep):
 
     fig, ax = plt.subplots(figsize=(4.5, 3))
     for shift in sweep:
-        for m, style in (("svgp", "o-"), ("svtp", "s--")):
+        for m, style in (("svgp", "o-"), ("svtp", "s--"), ("svtp-pinned", "^:")):
             runs = [c["sweep"][shift] for (s, v, mm), c in cells.items() if v == "clean" and mm == m]
             if not runs:
                 continue

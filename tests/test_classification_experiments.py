@@ -71,3 +71,33 @@ def test_ensembles_quick_both_scales(tmp_path):
                 sc = per[combine]
                 assert math.isclose(sc["nll_per_class"] * 10, sc["nll"], rel_tol=1e-9)
     assert "paper: MNIST" in (tmp_path / "results.md").read_text()
+
+
+def test_svtp_cnn_kernel_pinning():
+    """`cnn_kernel`: the SVTP's readout W_std is pinned, `pin_weights` pins every W_std; the pinned kernels equal
+    the fully trainable one at the starting scales, and their trainable leaves are exactly the unpinned scales."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from experiments.svtp import cnn_kernel
+
+    x = jnp.asarray(np.random.default_rng(0).uniform(size=(3, 8, 8, 1)))
+    full = cnn_kernel(2)
+    readout = cnn_kernel(2, train_amplitude=False)
+    weights = cnn_kernel(2, pin_weights=True)
+    assert set(full.theta) == {"W_std", "b_std", "W_out", "b_out"}
+    assert set(readout.theta) == {"W_std", "b_std", "b_out"}
+    assert set(weights.theta) == {"b_std", "b_out"}
+    reference = np.asarray(full(x, x))
+    for k in (readout, weights):
+        np.testing.assert_allclose(np.asarray(k(x, x)), reference, rtol=1e-12)
+    # doubling every W_std of the homogeneous ReLU stack with zero biases scales the kernel by 4^(depth + 1): the
+    # amplitude that the pinned kernel cannot reach through its weights
+    zero_b = lambda th: jax.tree_util.tree_map(lambda v: v - 40.0, th)  # noqa: E731  (exp(-40) ~ 0)
+    grown = {**full.theta, "W_std": [w + np.log(2.0) for w in full.theta["W_std"]],
+             "W_out": full.theta["W_out"] + np.log(2.0)}
+    ratio = np.asarray(full.apply({**grown, "b_std": zero_b(full.theta["b_std"]), "b_out": full.theta["b_out"] - 40.0},
+                                  x, x)) / np.asarray(full.apply({**full.theta, "b_std": zero_b(full.theta["b_std"]),
+                                                                  "b_out": full.theta["b_out"] - 40.0}, x, x))
+    np.testing.assert_allclose(ratio, 4.0**3, rtol=1e-9)
