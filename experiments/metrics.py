@@ -6,7 +6,13 @@ Regression: `rmse`, and for equally weighted Gaussian mixtures (posterior-sample
 Classification, on predicted class probabilities ``probs`` (n, C) and integer labels (n,): `accuracy`,
 `categorical_nll`, `brier_score`, `expected_calibration_error` (equal-width or equal-mass bins) with
 `calibration_bins` for reliability diagrams, `predictive_entropy`, `max_probability`, and `ood_auroc` for
-out-of-distribution detection from such a score.
+out-of-distribution detection from such a score, `ood_aupr`; for Monte-Carlo predictives (member or sample
+probabilities (S, n, C)) `mutual_information` (epistemic part of the entropy); `selective_risk` (the
+risk-coverage curve of selective prediction and its area).
+
+Predictive intervals and samples (low-rank and ARD experiments): `picp` (= `coverage`), `mpiw`,
+`interval_score`, `coverage_calibration` (coverage-based calibration error of central intervals) and
+`sample_crps` (CRPS of an empirical predictive from its samples).
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import numpy as np
 
 __all__ = ["rmse", "mean_se", "compare_marker", "format_mean_se", "mixture_nll", "mixture_crps", "mixture_interval",
            "coverage", "accuracy", "categorical_nll", "brier_score", "calibration_bins", "expected_calibration_error",
-           "predictive_entropy", "max_probability", "ood_auroc", "BINNINGS"]
+           "predictive_entropy", "max_probability", "ood_auroc", "BINNINGS", "ood_aupr",
+           "mutual_information", "selective_risk", "picp", "mpiw", "interval_score", "coverage_calibration",
+           "sample_crps"]
 
 
 def rmse(y, mean) -> float:
@@ -128,10 +136,85 @@ def mixture_interval(mu, sigma, level: float = 0.95, tol: float = 1e-8):
     return out[0], out[1]
 
 
-def coverage(y, lo, hi) -> float:
-    """Fraction of ``y`` inside ``[lo, hi]``."""
+def _interval_args(y, lo, hi, who):
     y = np.asarray(y, float).reshape(-1)
-    return float(np.mean((y >= np.asarray(lo)) & (y <= np.asarray(hi))))
+    lo, hi = np.asarray(lo, float).reshape(-1), np.asarray(hi, float).reshape(-1)
+    if not (lo.shape == hi.shape == y.shape):
+        raise ValueError(f"{who}: y, lo and hi must have the same number of points, got {y.size}, {lo.size}, "
+                         f"{hi.size}")
+    if not (np.isfinite(y).all() and np.isfinite(lo).all() and np.isfinite(hi).all()):
+        raise ValueError(f"{who}: y, lo and hi must be finite")
+    if np.any(lo > hi):
+        raise ValueError(f"{who}: lo > hi at {int(np.sum(lo > hi))} points")
+    return y, lo, hi
+
+
+def coverage(y, lo, hi) -> float:
+    """Fraction of ``y`` inside ``[lo, hi]`` (the prediction-interval coverage probability, PICP)."""
+    y, lo, hi = _interval_args(y, lo, hi, "coverage")
+    return float(np.mean((y >= lo) & (y <= hi)))
+
+
+picp = coverage
+
+
+def mpiw(lo, hi) -> float:
+    """Mean prediction-interval width ``mean(hi - lo)``."""
+    lo, hi = np.asarray(lo, float).reshape(-1), np.asarray(hi, float).reshape(-1)
+    _interval_args(lo, lo, hi, "mpiw")
+    return float(np.mean(hi - lo))
+
+
+def interval_score(y, lo, hi, alpha: float = 0.05) -> float:
+    """Mean interval score of central ``(1 - alpha)`` intervals (Gneiting and Raftery 2007, eq. 43):
+    ``(hi - lo) + (2 / alpha) (lo - y) 1[y < lo] + (2 / alpha) (y - hi) 1[y > hi]``; lower is better, and it is
+    proper: minimised in expectation by the true ``alpha/2`` and ``1 - alpha/2`` quantiles."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"interval_score: alpha must be in (0, 1), got {alpha}")
+    y, lo, hi = _interval_args(y, lo, hi, "interval_score")
+    return float(np.mean((hi - lo) + (2 / alpha) * np.clip(lo - y, 0, None) + (2 / alpha) * np.clip(y - hi, 0, None)))
+
+
+def _samples_args(y, samples, who):
+    samples = np.asarray(samples, float)
+    if samples.ndim == 1:
+        samples = samples[:, None]
+    if samples.ndim != 2:
+        raise ValueError(f"{who}: samples must be (S, n), got shape {samples.shape}")
+    y = np.asarray(y, float).reshape(-1)
+    if y.shape[0] != samples.shape[1]:
+        raise ValueError(f"{who}: {y.shape[0]} targets for {samples.shape[1]} points")
+    if not (np.isfinite(samples).all() and np.isfinite(y).all()):
+        raise ValueError(f"{who}: samples and y must be finite")
+    return y, samples
+
+
+def sample_crps(y, samples) -> float:
+    """Mean CRPS of the empirical predictive of ``samples`` (S, n) at targets ``y`` (n,):
+    ``E|X - y| - (1/2) E|X - X'|`` over the S samples (the energy form, Gneiting and Raftery 2007, eq. 21),
+    computed exactly from the sorted samples: ``E|X - X'| = (2 / S^2) sum_i (2i - S - 1) x_(i)``."""
+    y, x = _samples_args(y, samples, "sample_crps")
+    S = x.shape[0]
+    first = np.mean(np.abs(x - y), axis=0)
+    xs = np.sort(x, axis=0)
+    w = (2 * np.arange(1, S + 1) - S - 1)[:, None]
+    pair = 2.0 * np.sum(w * xs, axis=0) / S**2
+    return float(np.mean(first - 0.5 * pair))
+
+
+def coverage_calibration(y, samples, levels=None) -> dict:
+    """Coverage-based calibration of a sampled predictive: for each central level p (default 0.1, 0.2, ..., 0.9,
+    0.95, 0.99) the observed coverage of the equal-tailed interval of the samples (S, n); returns ``levels``,
+    ``observed`` and ``ece = mean_p |observed(p) - p|`` (the regression ECE of Kuleshov et al. 2018, with central
+    intervals)."""
+    y, x = _samples_args(y, samples, "coverage_calibration")
+    levels = np.asarray([*np.arange(1, 10) / 10, 0.95, 0.99] if levels is None else levels, float)
+    if not np.all((levels > 0) & (levels < 1)):
+        raise ValueError("coverage_calibration: levels must lie in (0, 1)")
+    lo = np.quantile(x, (1 - levels) / 2, axis=0)  # (L, n)
+    hi = np.quantile(x, (1 + levels) / 2, axis=0)
+    observed = np.mean((y >= lo) & (y <= hi), axis=1)
+    return {"levels": levels.tolist(), "observed": observed.tolist(), "ece": float(np.mean(np.abs(observed - levels)))}
 
 
 # ---------------------------------------------------------------------------
@@ -266,3 +349,49 @@ def ood_auroc(score, is_ood, higher_is_ood: bool = True) -> float:
         n_ood = int(ood.sum())
         raise ValueError(f"ood_auroc: needs both in-distribution and OOD points, got {n_ood} OOD of {ood.size}")
     return float(roc_auc_score(ood, s if higher_is_ood else -s))
+
+
+def ood_aupr(score, is_ood, higher_is_ood: bool = True) -> float:
+    """Area under the precision-recall curve with OOD the positive class (scikit-learn's
+    ``average_precision_score``); chance level is the OOD fraction. Arguments as :func:`ood_auroc`."""
+    from sklearn.metrics import average_precision_score
+
+    ood_auroc(score, is_ood, higher_is_ood)  # the same validation
+    s = np.asarray(score, float).reshape(-1)
+    ood = np.asarray(is_ood).reshape(-1).astype(bool)
+    return float(average_precision_score(ood, s if higher_is_ood else -s))
+
+
+def mutual_information(sample_probs) -> np.ndarray:
+    """Epistemic uncertainty of a Monte-Carlo predictive: ``H[mean_s p_s] - mean_s H[p_s]`` per point (nats,
+    >= 0; the BALD score of Houlsby et al. 2011), from ``sample_probs`` (S, n, C) of S weight samples or members."""
+    from scipy.special import entr
+
+    p = np.asarray(sample_probs, float)
+    if p.ndim != 3:
+        raise ValueError(f"mutual_information: sample_probs must be (samples, n, classes), got shape {p.shape}")
+    for s in range(p.shape[0]):
+        _probs(p[s], "mutual_information")
+    total = entr(p.mean(0)).sum(-1)
+    aleatoric = entr(p).sum(-1).mean(0)
+    return np.clip(total - aleatoric, 0.0, None)
+
+
+def selective_risk(loss, uncertainty, coverages=None) -> dict:
+    """Selective prediction: keep the fraction ``c`` of points with the lowest ``uncertainty`` and report the mean
+    ``loss`` (e.g. 0/1 error or absolute error) on them, for each coverage in ``coverages`` (default 0.05, 0.10,
+    ..., 1.0). Returns ``coverages``, ``risk`` and ``aurc``, the area under the risk-coverage curve over all n
+    cut-offs (lower is better; Geifman and El-Yaniv 2017). Ties in ``uncertainty`` are broken by a stable sort."""
+    loss = np.asarray(loss, float).reshape(-1)
+    u = np.asarray(uncertainty, float).reshape(-1)
+    if loss.shape != u.shape or loss.size == 0:
+        raise ValueError(f"selective_risk: loss and uncertainty must be non-empty and of one length, got {loss.size} "
+                         f"and {u.size}")
+    if not (np.isfinite(loss).all() and np.isfinite(u).all()):
+        raise ValueError("selective_risk: loss and uncertainty must be finite")
+    cov = np.arange(1, 21) / 20 if coverages is None else np.asarray(coverages, float)
+    if not np.all((cov > 0) & (cov <= 1)):
+        raise ValueError("selective_risk: coverages must lie in (0, 1]")
+    running = np.cumsum(loss[np.argsort(u, kind="stable")]) / np.arange(1, loss.size + 1)
+    keep = np.maximum(1, np.ceil(cov * loss.size - 1e-9).astype(int))
+    return {"coverages": cov.tolist(), "risk": running[keep - 1].tolist(), "aurc": float(np.mean(running))}

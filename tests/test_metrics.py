@@ -1,4 +1,4 @@
-"""experiments.metrics, classification part: each metric against a case computed by hand or against
+"""experiments.metrics (classification, intervals, samples, selective prediction): each metric against a case computed by hand or against
 scikit-learn / scipy, and its input checks."""
 
 from __future__ import annotations
@@ -146,3 +146,91 @@ def test_classification_input_errors():
         metrics.ood_auroc([0.1, 0.2], [False, False])
     with pytest.raises(ValueError, match="2 is_ood flags for 3 scores"):
         metrics.ood_auroc([0.1, 0.2, 0.3], [True, False])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# intervals, samples, epistemic uncertainty, selective prediction (issue 15)
+
+
+def test_interval_metrics_hand_computed():
+    y = np.array([0.0, 1.0, 5.0, -3.0])
+    lo = np.array([-1.0, 0.0, 0.0, -2.0])
+    hi = np.array([1.0, 2.0, 4.0, 2.0])
+    assert metrics.picp(y, lo, hi) == metrics.coverage(y, lo, hi) == 0.5
+    assert metrics.mpiw(lo, hi) == pytest.approx((2 + 2 + 4 + 4) / 4)
+    # widths 2, 2, 4, 4; misses: y=5 above 4 by 1, y=-3 below -2 by 1; penalty 2/alpha = 40 each
+    assert metrics.interval_score(y, lo, hi, alpha=0.05) == pytest.approx((12 + 40 + 40) / 4)
+    with pytest.raises(ValueError, match="lo > hi"):
+        metrics.interval_score(y, hi, lo)
+    with pytest.raises(ValueError, match="alpha"):
+        metrics.interval_score(y, lo, hi, alpha=1.5)
+    with pytest.raises(ValueError, match="same number"):
+        metrics.coverage(y[:3], lo, hi)
+    with pytest.raises(ValueError, match="finite"):
+        metrics.coverage(np.array([np.nan, 1, 2, 3]), lo, hi)
+
+
+def test_interval_score_is_minimised_by_the_true_quantiles():
+    from scipy.stats import norm
+
+    y = np.random.default_rng(0).standard_normal(200_000)
+    z = norm.ppf(0.975)
+    scores = {w: metrics.interval_score(y, -w * z * np.ones_like(y), w * z * np.ones_like(y)) for w in (0.8, 1.0, 1.25)}
+    assert scores[1.0] < scores[0.8] and scores[1.0] < scores[1.25]
+
+
+def test_sample_crps_matches_pairwise_formula_and_gaussian_closed_form():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, 6))
+    y = rng.standard_normal(6)
+    brute = np.mean(np.abs(x - y).mean(0) - 0.5 * np.abs(x[:, None] - x[None]).mean((0, 1)))
+    assert metrics.sample_crps(y, x) == pytest.approx(brute, rel=1e-12)
+    # many samples of N(0, 1) at y = 0: CRPS = sigma (sqrt(2) phi(0) * 2 - 1/sqrt(pi)) = 2 phi(0) - 1/sqrt(pi)
+    big = rng.standard_normal((40_000, 1))
+    exact = 2 / np.sqrt(2 * np.pi) - 1 / np.sqrt(np.pi)
+    assert metrics.sample_crps(np.zeros(1), big) == pytest.approx(exact, abs=0.01)
+    # a point mass at the target scores 0
+    assert metrics.sample_crps(np.array([2.0]), np.full((5, 1), 2.0)) == 0.0
+    with pytest.raises(ValueError, match="targets"):
+        metrics.sample_crps(y[:3], x)
+
+
+def test_coverage_calibration_separates_calibrated_from_overconfident():
+    rng = np.random.default_rng(2)
+    y = rng.standard_normal(4000)
+    samples = rng.standard_normal((400, 4000))
+    good = metrics.coverage_calibration(y, samples)
+    bad = metrics.coverage_calibration(y, 0.3 * samples)
+    assert good["ece"] < 0.03
+    assert bad["ece"] > 0.25
+    assert len(good["observed"]) == len(good["levels"]) == 11
+    with pytest.raises(ValueError, match="levels"):
+        metrics.coverage_calibration(y, samples, levels=[0.5, 1.0])
+
+
+def test_mutual_information_and_aupr():
+    agree = np.tile(np.array([[0.7, 0.3]]), (5, 4, 1))
+    np.testing.assert_allclose(metrics.mutual_information(agree), 0.0, atol=1e-12)
+    disagree = np.array([[[1.0, 0.0]], [[0.0, 1.0]]])  # two confident members that disagree
+    np.testing.assert_allclose(metrics.mutual_information(disagree), [np.log(2)], rtol=1e-12)
+    with pytest.raises(ValueError, match="samples, n, classes"):
+        metrics.mutual_information(agree[0])
+    score = np.array([0.1, 0.2, 0.9, 0.8, 0.3])
+    ood = np.array([0, 0, 1, 1, 0], bool)
+    assert metrics.ood_aupr(score, ood) == 1.0
+    from sklearn.metrics import average_precision_score
+
+    noisy = np.array([0.1, 0.85, 0.9, 0.3, 0.2])
+    assert metrics.ood_aupr(noisy, ood) == pytest.approx(average_precision_score(ood, noisy))
+    assert metrics.ood_aupr(-noisy, ood, higher_is_ood=False) == pytest.approx(average_precision_score(ood, noisy))
+
+
+def test_selective_risk_hand_computed():
+    loss = np.array([1.0, 0.0, 0.0, 1.0])
+    unc = np.array([0.9, 0.1, 0.2, 0.5])
+    out = metrics.selective_risk(loss, unc, coverages=[0.25, 0.5, 0.75, 1.0])
+    # sorted by uncertainty: losses 0, 0, 1, 1 -> running means 0, 0, 1/3, 1/2
+    np.testing.assert_allclose(out["risk"], [0, 0, 1 / 3, 1 / 2])
+    assert out["aurc"] == pytest.approx((0 + 0 + 1 / 3 + 1 / 2) / 4)
+    with pytest.raises(ValueError, match="one length"):
+        metrics.selective_risk(loss, unc[:3])
