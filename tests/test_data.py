@@ -317,6 +317,32 @@ def test_real_csv_sets(monkeypatch, tmp_path):
     assert guangzhou["PM_US Post"].shape == (52584,) and guangzhou["year"][0] == 2010.0
 
 
+
+@needs_data
+def test_pm25_forecasting_task(monkeypatch):
+    """The paper's counts (41,733 windows split 29,213 / 6,260 / 6,260), chronological order, no missing values,
+    the scaler fitted on training windows only, and windows that are the series shifted by one hour."""
+    monkeypatch.setenv("SMNNGP_DATA_DIR", str(SHARED))
+    task = data.pm25_forecasting()
+    assert task.x_train.shape == (29213, 24, 15) and task.x_val.shape == (6260, 24, 15)
+    assert task.x_test.shape == (6260, 24, 15) and task.y_test.shape == (6260,)
+    assert task.x_ood.shape[1:] == (24, 15) and task.x_ood.shape[0] == task.y_ood.shape[0] > 20000
+    for a in task[:8]:
+        assert np.isfinite(a).all()
+    flat = task.x_train.reshape(-1, 15).astype(np.float64)
+    np.testing.assert_allclose(flat.mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(flat.std(0), 1, atol=1e-4)
+    assert abs(task.y_train.mean()) < 1e-4 and abs(task.y_test.mean()) > 1e-3  # test rows do not set the scale
+    # consecutive windows overlap by 23 hours, and the target is the next hour's (scaled) PM2.5 feature
+    np.testing.assert_array_equal(task.x_train[1, :-1], task.x_train[0, 1:])
+    pm = task.x_train[1, -1, 0] * task.x_std[0] + task.x_mean[0]
+    np.testing.assert_allclose(task.y_train[0] * task.y_std + task.y_mean, pm, rtol=1e-5)
+    with pytest.raises(ValueError, match="fractions"):
+        data.pm25_forecasting(fractions=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="window"):
+        data.pm25_forecasting(window=0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # split protocols
 

@@ -60,7 +60,7 @@ from experiments.data.registry import (
     sha256_file,
     source_url,
 )
-from experiments.data.timeseries import CascadedTanks
+from experiments.data.timeseries import PM25_FEATURES, CascadedTanks, PM25Task, pm25_forecasting
 from experiments.data.uci import (
     PAPER_PERMUTATION_SEED,
     PAPER_TEST_FRACTION,
@@ -88,6 +88,9 @@ __all__ = [
     "ENV_DATA_DIR",
     "ENV_URL_PREFIX",
     "IMAGE_NAMES",
+    "PM25_FEATURES",
+    "PM25Task",
+    "pm25_forecasting",
     "PAPER_PERMUTATION_SEED",
     "PAPER_TEST_FRACTION",
     "PAPER_UCI",
