@@ -38,15 +38,16 @@ The BNN baseline is the same sampler with all nodes on and no mask moves.
 are pure; ``adapt`` and ``buckets`` are static (see ``finite.masked`` for
 the compaction). ``sample(...)`` runs many chains (one ``vmap``), keeps
 thinned draws of user-chosen functions of the state, records traces and
-diagnostics, and checkpoints so that an interrupted run resumes.
+diagnostics, and checkpoints so that an interrupted run resumes. Its host
+loop, checkpoints, pooled step and R-hat / ESS are the generic driver's
+(`samplers.driver.run_chunks`, ``save_checkpoint`` / ``load_checkpoint``,
+`samplers.hmc.pool_min_step`, `samplers.driver.chain_diagnostics`); only the
+iteration itself, whose target changes between trajectories, is its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -71,7 +72,9 @@ from finite.masked import (
     mask_prior_strength,
     scatter_effective,
 )
+from samplers.driver import chain_diagnostics, load_checkpoint, phase_summary, run_chunks, save_checkpoint
 from samplers.hmc import hmc_step, step_size_adaptation
+from samplers.hmc import pool_min_step as pool_min_da
 from samplers.masks import check_proposals, mask_move
 
 __all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "sample", "SampleResult", "diagnostics"]
@@ -521,15 +524,12 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     functions = dict(functions or {})
     total = num_burnin + num_samples * thinning
     widths = sampler.model.net.widths
+    config = _config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions), pool_step)
     done, seconds = 0, 0.0
     draws = {k: [] for k in ["sigma2", "active", *functions]}
     traces: list = []
-    if checkpoint and os.path.exists(checkpoint):
-        with open(checkpoint, "rb") as fh:
-            saved = pickle.load(fh)
-        if saved["config"] != _config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions),
-                                      pool_step):
-            raise ValueError(f"sample: checkpoint {checkpoint} was written with other settings; remove it to restart")
+    saved = load_checkpoint(checkpoint, config, "sample") if checkpoint else None
+    if saved is not None:
         states, key, done, seconds, draws, traces = (jax.tree_util.tree_map(jnp.asarray, saved["state"]),
                                                      jnp.asarray(saved["key"]), saved["done"], saved["seconds"],
                                                      saved["draws"], saved["traces"])
@@ -552,24 +552,10 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
             fn = evals[buckets] = jax.jit(jax.vmap(one))
         return fn(states)
 
-    def save():
-        if not checkpoint:
-            return
-        tmp = checkpoint + ".tmp"
-        with open(tmp, "wb") as fh:
-            pickle.dump(dict(config=_config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions),
-                                            pool_step),
-                             state=_to_host(states), key=np.asarray(key), done=done, seconds=seconds,
-                             draws=draws, traces=traces), fh)
-        os.replace(tmp, checkpoint)
+    def save(seconds):
+        save_checkpoint(checkpoint, dict(config=config, state=_to_host(states), key=np.asarray(key), done=done,
+                                         seconds=seconds, draws=draws, traces=traces))
 
-    bar = None
-    redo = False
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=total, initial=done, desc="mBNN" if sampler.model.masked else "BNN", leave=False)
-    last_save = time.perf_counter()
-    start = time.perf_counter() - seconds
     restart_at = num_burnin // 2 if restart_adaptation and num_burnin >= 20 else None
     small_slack = sampler.n_max if sampler.model.masked else 0
 
@@ -584,68 +570,72 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
         traces.append(info)
         done += 1
 
-    try:
-        while done < total:
-            if restart_at is not None and done == restart_at:
-                # second adaptation window: the target sharpens as the chain leaves its start (sigma^2 falls,
-                # masks prune), and step sizes averaged over that transient are too large afterwards
-                da_init = sampler._da().init
-                states = states._replace(da=jax.vmap(lambda d: da_init(jnp.exp(d.log_step_size)))(states.da))
-            if pool_step == "min" and done == num_burnin > 0:  # idempotent, so a resume at this point is safe
-                states = pool_min_step(states)
-            # the next event (adaptation restart, end of burn-in, kept draw, end) closes the chunk
-            next_draw = num_burnin + thinning * ((max(done - num_burnin, 0)) // thinning + 1)
-            stop = min(total, next_draw, restart_at if restart_at is not None and restart_at > done else total,
-                       num_burnin if done < num_burnin else total)
-            n_valid = min(chunk, stop - done)
-            counts = counts_now()
-            # fresh power-of-two blocks every call: a count wandering across a boundary switches between
-            # programs already compiled (the step cache), it does not recompile
-            if chunk > 1:
-                buckets = bucket_sizes(counts, widths, slack=small_slack) if compact else None
-                key, states, infos, committed = sampler.chunk_chains(key, states, done, n_valid, num_burnin, buckets,
-                                                                     chunk)
-                infos, committed = _to_host(infos), np.asarray(committed)
-                for j in range(int(committed.sum())):
-                    record(jax.tree_util.tree_map(lambda a, j=j: a[j], infos))
-                redo = committed.sum() < n_valid
-                if redo:
-                    counts = counts_now()
-            if chunk == 1 or redo:  # one iteration with headroom for all of its mask moves
-                buckets = bucket_sizes(counts, widths, slack=sampler.slack) if compact else None
-                next_key, k_step = jax.random.split(key)
-                states, info = sampler.step_chains(jax.random.split(k_step, num_chains), states, done < num_burnin,
-                                                   buckets, done % sampler.refresh_every == 0)
-                key = next_key  # advanced only with the state, so a checkpoint pairs them
-                record(_to_host(info))
-            if done > num_burnin and (done - num_burnin) % thinning == 0 and len(draws["sigma2"]) < (
-                    done - num_burnin) // thinning:
-                eval_buckets = bucket_sizes(counts_now(), widths) if compact else None
-                out = _to_host(evaluate(states, eval_buckets))
-                for k, v in out.items():
-                    draws[k].append(v)
-            seconds = time.perf_counter() - start
-            if bar is not None:
-                bar.update(done - bar.n)
-                last = traces[-1]
-                bar.set_postfix(active=tuple(int(a) for a in last.active.mean(0)),
-                                acc=f"{last.hmc_acceptance.mean():.2f}", eps=f"{last.step_size.mean():.1e}")
-            if checkpoint and time.perf_counter() - last_save > checkpoint_every:
-                save()
-                last_save = time.perf_counter()
-    finally:  # also on interruption: the saved state is the last completed iteration
-        if bar is not None:
-            bar.close()
-        save()
+    def at_boundary(at):
+        nonlocal states
+        if restart_at is not None and at == restart_at:
+            # second adaptation window: the target sharpens as the chain leaves its start (sigma^2 falls,
+            # masks prune), and step sizes averaged over that transient are too large afterwards
+            da_init = sampler._da().init
+            states = states._replace(da=jax.vmap(lambda d: da_init(jnp.exp(d.log_step_size)))(states.da))
+        if pool_step == "min" and at == num_burnin > 0:  # idempotent, so a resume at this point is safe
+            states = pool_min_step(states)
+
+    def next_stop(at):
+        # the next event (adaptation restart, end of burn-in, kept draw, end) closes the chunk
+        next_draw = num_burnin + thinning * ((max(at - num_burnin, 0)) // thinning + 1)
+        return min(total, next_draw, restart_at if restart_at is not None and restart_at > at else total,
+                   num_burnin if at < num_burnin else total)
+
+    def advance(at, stop):
+        nonlocal states, key
+        n_valid = min(chunk, stop - at)
+        counts = counts_now()
+        redo = False
+        # fresh power-of-two blocks every call: a count wandering across a boundary switches between
+        # programs already compiled (the step cache), it does not recompile
+        if chunk > 1:
+            buckets = bucket_sizes(counts, widths, slack=small_slack) if compact else None
+            key, states, infos, committed = sampler.chunk_chains(key, states, at, n_valid, num_burnin, buckets, chunk)
+            infos, committed = _to_host(infos), np.asarray(committed)
+            for j in range(int(committed.sum())):
+                record(jax.tree_util.tree_map(lambda a, j=j: a[j], infos))
+            redo = committed.sum() < n_valid
+            if redo:
+                counts = counts_now()
+        if chunk == 1 or redo:  # one iteration with headroom for all of its mask moves
+            buckets = bucket_sizes(counts, widths, slack=sampler.slack) if compact else None
+            next_key, k_step = jax.random.split(key)
+            states, info = sampler.step_chains(jax.random.split(k_step, num_chains), states, done < num_burnin,
+                                               buckets, done % sampler.refresh_every == 0)
+            key = next_key  # advanced only with the state, so a checkpoint pairs them
+            record(_to_host(info))
+        if done > num_burnin and (done - num_burnin) % thinning == 0 and len(draws["sigma2"]) < (
+                done - num_burnin) // thinning:
+            eval_buckets = bucket_sizes(counts_now(), widths) if compact else None
+            out = _to_host(evaluate(states, eval_buckets))
+            for k, v in out.items():
+                draws[k].append(v)
+        return done
+
+    def postfix():
+        last = traces[-1]
+        return dict(active=tuple(int(a) for a in last.active.mean(0)), acc=f"{last.hmc_acceptance.mean():.2f}",
+                    eps=f"{last.step_size.mean():.1e}")
+
+    # also on interruption the checkpoint is written: the saved state is the last completed iteration
+    done, seconds = run_chunks(advance, total=total, done=done, seconds=seconds, next_stop=next_stop,
+                               at_boundary=at_boundary, save=save if checkpoint else None,
+                               checkpoint_every=checkpoint_every, progress=progress,
+                               desc="mBNN" if sampler.model.masked else "BNN", postfix=postfix)
     stacked_draws = {k: np.stack(v, axis=1) for k, v in draws.items()}
     stacked_traces = {f: np.stack([getattr(t, f) for t in traces], axis=1) for f in MBNNInfo._fields}
     return SampleResult(stacked_draws, stacked_traces, states, seconds, done)
 
 
 def pool_min_step(states: MBNNState) -> MBNNState:
-    """Chains stacked on a leading axis, each given the smallest of their adapted (averaged) step sizes."""
-    avg = states.da.log_step_size_avg
-    return states._replace(da=states.da._replace(log_step_size_avg=jnp.full_like(avg, jnp.min(avg))))
+    """Chains stacked on a leading axis, each given the smallest of their adapted (averaged) step sizes
+    (`samplers.hmc.pool_min_step` on the dual-averaging states)."""
+    return states._replace(da=pool_min_da(states.da))
 
 
 def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_names, pool_step=None):
@@ -659,36 +649,34 @@ def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_nam
 
 
 def diagnostics(result: SampleResult, num_burnin: int, keys=("sigma2",)) -> dict:
-    """Acceptance rates, step size, divergences, and R-hat / ESS (BlackJAX) of the kept draws named in ``keys``.
+    """Acceptance rates, step size, divergences, mask moves, and R-hat / ESS of the kept draws named in ``keys``.
 
-    For an array-valued draw (e.g. test predictions) the worst R-hat (max) and
-    ESS (min) over its entries are reported. R-hat and ESS need >= 2 chains
-    and >= 4 draws per chain; otherwise they are NaN.
+    R-hat is the rank-normalised split R-hat and ESS the bulk ESS (``ess_<key>``; the tail ESS is
+    ``ess_tail_<key>``) of Vehtari et al. (2021), from `samplers.driver.chain_diagnostics`. For an array-valued
+    draw (e.g. test predictions) the worst R-hat (max) and ESS (min) over its entries are reported. They need
+    >= 4 draws per chain; otherwise they are NaN.
+
+    Returns:
+        ``hmc_acceptance``, ``hmc_acceptance_burnin``, ``step_size``, ``divergences``, ``divergences_burnin``,
+        ``mask_acceptance`` (accepted moves per iteration), ``final_active``, ``chains``, ``iterations``, and
+        ``rhat_<key>``, ``ess_<key>``, ``ess_bulk_<key>``, ``ess_tail_<key>`` per key.
     """
-    from blackjax.diagnostics import effective_sample_size, potential_scale_reduction
-
     tr = result.traces
-    post = slice(num_burnin, None)
+    phases = phase_summary(tr["hmc_acceptance"], tr["divergent"], num_burnin)
     out = dict(
-        hmc_acceptance=float(np.mean(tr["hmc_acceptance"][:, post])) if tr["hmc_acceptance"][:, post].size else
-        float("nan"),
-        hmc_acceptance_burnin=float(np.mean(tr["hmc_acceptance"][:, :num_burnin])) if num_burnin else float("nan"),
+        hmc_acceptance=phases["acceptance"],
+        hmc_acceptance_burnin=phases["acceptance_warmup"],
         step_size=float(np.mean(tr["step_size"][:, -1])),
-        divergences=int(np.sum(tr["divergent"][:, post])),
-        divergences_burnin=int(np.sum(tr["divergent"][:, :num_burnin])),
+        divergences=phases["divergences"],
+        divergences_burnin=phases["divergences_warmup"],
         mask_acceptance=float(np.mean(tr["mask_accepted"])),  # accepted moves per iteration
         final_active=np.mean(tr["active"][:, -1], axis=0).tolist(),
         chains=int(tr["active"].shape[0]),
         iterations=int(result.iterations),
     )
+    chains = chain_diagnostics(result.draws, keys)
     for k in keys:
-        d = np.asarray(result.draws[k], float)
-        d = d.reshape(d.shape[0], d.shape[1], -1)
-        if d.shape[0] >= 2 and d.shape[1] >= 4:
-            rhat = np.asarray(potential_scale_reduction(jnp.asarray(d), chain_axis=0, sample_axis=1))
-            ess = np.asarray(effective_sample_size(jnp.asarray(d), chain_axis=0, sample_axis=1))
-            out[f"rhat_{k}"] = float(np.nanmax(rhat))
-            out[f"ess_{k}"] = float(np.nanmin(ess))
-        else:
-            out[f"rhat_{k}"] = out[f"ess_{k}"] = float("nan")
+        out[f"rhat_{k}"] = chains[f"rhat_{k}"]
+        out[f"ess_{k}"] = out[f"ess_bulk_{k}"] = chains[f"ess_bulk_{k}"]
+        out[f"ess_tail_{k}"] = chains[f"ess_tail_{k}"]
     return out
