@@ -18,6 +18,8 @@ here), and Gaussian (noise sd 0.5, trained) on standardised labels.
   t(n1)) / (n2 - n1), which cancels what every call pays once (GPJax retraces and recompiles its loop on every
   call; ours reuses its compiled loop); best over ``--rounds``. First call = the first n1-step run in the process
   (trace + compile + run). **Target: ours <= 0.1 x GPJax per step, steady state.**
+* Linear-algebra floor: the Cholesky, triangular solves and products that any whitened-SVGP gradient step must
+  do, timed alone (`linear_algebra_floor`): how close to the target this machine's LAPACK allows any library.
 * Scale (fresh process each, peak resident memory from the OS): SVTP with a softmax likelihood (10 classes) on
   N = 10^5 synthetic points (d = 8), M = 500, B = 1,000: throughput in points per second; and the time per
   step for M = 200, 400, 800 at B = 100 against the O(B M^2 + M^3) prediction.
@@ -168,6 +170,46 @@ def compare(rounds: int, n1: int, n2: int) -> dict:
     return out
 
 
+def linear_algebra_floor(rounds: int, steps: int = 300) -> float:
+    """Seconds per step of the dense linear algebra that any whitened-SVGP gradient step at M = 200, B = 100 must
+    do, and nothing else: the Cholesky of K_ZZ, A = L^{-1} K_ZX, its reverse (L^{-T} Abar, Abar A^T and the two
+    M x M triangular solves of the Cholesky's reverse rule), and S^T A with its two reverse products; all in one
+    `lax.scan` with operands that change every step (so nothing is hoisted), the kernel matrices, likelihood and
+    optimiser left out. Against GPJax's step this bounds the ratio that this machine's LAPACK/Eigen allow."""
+    import jax
+    import jax.numpy as jnp
+    import jax.scipy.linalg as jsl
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    R = rng.standard_normal((M, M))
+    K = jnp.asarray(R @ R.T / M + np.eye(M))
+    Kx = jnp.asarray(rng.standard_normal((M, BATCH)))
+    S = jnp.asarray(np.tril(rng.standard_normal((M, M))))
+
+    def step(c, _):
+        Kc, Kxc = K + c * jnp.eye(M), Kx + c
+        L = jnp.linalg.cholesky(Kc, symmetrize_input=False)
+        A = jsl.solve_triangular(L, Kxc, lower=True)
+        V = S.T @ A
+        A_bar = S @ V + A  # reverse of S^T A (and a stand-in for the mean and variance terms)
+        S_bar = A @ V.T
+        B_bar = jsl.solve_triangular(L, A_bar, lower=True, trans=1)
+        G = jnp.tril(A_bar @ A.T)
+        P = jsl.solve_triangular(L, jsl.solve_triangular(L, G, lower=True, trans=1).T, lower=True, trans=1)
+        out = jnp.sum(P) + jnp.sum(B_bar) + jnp.sum(S_bar)
+        return c + 1e-30 * out, None
+
+    run = jax.jit(lambda c: jax.lax.scan(step, c, None, length=steps)[0])
+    run(jnp.asarray(0.0)).block_until_ready()
+    best = float("inf")
+    for _ in range(max(rounds, 3)):
+        t = time.perf_counter()
+        run(jnp.asarray(0.0)).block_until_ready()
+        best = min(best, (time.perf_counter() - t) / steps)
+    return best
+
+
 # ---------------------------------------------------------------------------
 # Scale: SVTP in fresh processes (peak memory per configuration)
 # ---------------------------------------------------------------------------
@@ -242,6 +284,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     n1, n2 = (5, 25) if args.quick else (20, 220)
     comp = {} if args.skip_compare else compare(1 if args.quick else args.rounds, n1, n2)
+    floor = None
+    if comp:
+        from smnngp import linalg
+
+        with linalg.blas_threads(1):  # as in `variational.fit`
+            floor = linear_algebra_floor(1 if args.quick else args.rounds, 30 if args.quick else 300)
+        print(f"linear-algebra floor of one step (Cholesky, solves, products; nothing else): {1e3 * floor:.2f} ms",
+              flush=True)
     sc = {"large": None, "by_m": []} if args.skip_scale else scale(args.quick)
     print("\n| likelihood | ours ms/step | GPJax ms/step | ratio (target <= 0.1) | first call ours / GPJax | "
           "ELBO ours | ELBO GPJax |")
@@ -251,6 +301,10 @@ def main(argv=None) -> int:
         print(f"| {lik} | {1e3 * r['ours']['step_s']:.2f} | {1e3 * r['gpjax']['step_s']:.2f} | {r['ratio']:.3f}{ok} "
               f"| {r['ours']['first_call_s']:.1f} s / {r['gpjax']['first_call_s']:.1f} s | {r['ours']['elbo']:.4f} "
               f"| {r['gpjax']['elbo']:.4f} |")
+    if floor is not None:
+        print("\n| likelihood | linear-algebra floor ms/step | floor / GPJax |\n|---|---|---|")
+        for lik, r in comp.items():
+            print(f"| {lik} | {1e3 * floor:.2f} | {floor / r['gpjax']['step_s']:.3f} |")
     print("\n| M | ms/step (B=100) | measured / M0 | O(BM^2+M^3) / M0 |")
     print("|---|---|---|---|")
     for r in sc["by_m"]:
@@ -261,7 +315,8 @@ def main(argv=None) -> int:
 
     payload = {"quick": args.quick, "machine": platform.platform(), "python": platform.python_version(),
                "jax": jax.__version__, "gpjax": gpjax.__version__, "cpu_count": os.cpu_count(), "n1": n1, "n2": n2,
-               "compare": comp, "scale": sc, "target": TARGET}
+               "compare": comp, "scale": sc, "target": TARGET,
+               "linear_algebra_floor_s": floor}
     path = RESULTS_QUICK if args.quick else RESULTS
     if path.exists() and (args.skip_compare or args.skip_scale):  # a partial run keeps the other part's numbers
         old = json.loads(path.read_text())
