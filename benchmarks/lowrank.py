@@ -1,0 +1,236 @@
+"""Training-step time of the low-rank Bayesian networks (`finite.lowrank`) against their full-rank and deterministic
+twins and against bayesian-torch 0.5, side by side in one run (singular-BNN issue, section 4).
+
+Usage (from the project root)::
+
+    .venv/bin/python benchmarks/lowrank.py [--rounds 3] [--quick] [--skip-torch]
+
+bayesian-torch comes with the ``bench`` extra. Its declared dependencies pull a CUDA build of PyTorch from PyPI;
+on a CPU machine install the CPU wheel first (``pip install torch --index-url
+https://download.pytorch.org/whl/cpu``), then ``pip install -e ".[bench]"``. Only
+``bayesian_torch.layers.LinearReparameterization`` is used.
+
+Problem: the paper's MNIST MLP 784-1200-1200-10 (ReLU), batch 128, float32, random inputs and labels (the step
+time does not depend on the data), one weight draw per step shared by the batch, softmax cross-entropy plus
+KL / N with N = 50,000, Adam(1e-3). One *step* = forward, loss, gradient and Adam update, as one compiled call
+(JAX: one ``jit``; PyTorch: eager, as bayesian-torch is used). Each model runs ``n`` steps after a warm-up and
+the time per step is the best of ``--rounds`` (PyTorch and XLA each use all cores).
+
+* ours: deterministic; full-rank mean-field BBB (Gaussian factors, N(0, 1) prior, closed-form KL, as
+  bayesian-torch's layers); low-rank (hidden rank 25, output rank 10; the same prior and KL).
+  **Targets: low-rank >= 5x faster than full-rank BBB, and within 2x of the deterministic network.**
+* bayesian-torch: the same BBB network of ``LinearReparameterization`` layers (prior N(0, 1), posterior
+  ``mu ~ N(0, 0.1)``, ``rho = -3``). **Targets: our BBB <= 1.0x bayesian-torch's, our low-rank <= 0.2x.**
+* LSTM (the PM2.5 model: 2 layers, H = 64, 24 steps, 15 features, batch 64, ranks 14 / 20): weights drawn once per
+  sequence against fresh weights at every time step.
+
+Prints a table and writes ``benchmarks/results/lowrank.json`` (``--quick``: smaller sizes, targets not judged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results" / "lowrank.json"
+RESULTS_QUICK = ROOT / "benchmarks" / "results" / "lowrank-quick.json"
+N_TRAIN, BATCH, LR = 50_000, 128, 1e-3
+
+
+def _best_per_step(step, n: int, rounds: int) -> float:
+    step(n)  # warm-up: compilation (JAX) or allocator and kernel selection (PyTorch)
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        step(n)
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
+
+
+def ours_mlp_step(sizes, kind: str, ranks):
+    """``run(n)`` doing n training steps of our MLP of ``kind`` on random data (returns when they are done)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from finite import lowrank
+
+    model = lowrank.mlp(sizes, kind, rank=ranks if kind == "lowrank" else None, activation="relu")
+    key = jax.random.PRNGKey(0)
+    params = model.init(key, jnp.float32)
+    opt = optax.adam(LR)
+    opt_state = opt.init(params)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.uniform(size=(BATCH, sizes[0])), jnp.float32)
+    y = jnp.asarray(rng.integers(0, sizes[-1], BATCH))
+    prior = lowrank.GaussianPrior(1.0)
+    bayes = kind != "deterministic"
+
+    def loss_fn(p, k):
+        if bayes:
+            logits, kl = model.apply_and_kl(p, x, k, prior=prior, method="exact")
+        else:
+            logits, kl = model.apply(p, x), 0.0
+        ce = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+        return ce + kl / N_TRAIN
+
+    @jax.jit
+    def step(p, s, k):
+        loss, g = jax.value_and_grad(loss_fn)(p, k)
+        upd, s = opt.update(g, s, p)
+        return optax.apply_updates(p, upd), s, loss
+
+    state = {"p": params, "s": opt_state, "i": 0}
+
+    def run(n):
+        p, s = state["p"], state["s"]
+        for _ in range(n):
+            state["i"] += 1
+            p, s, loss = step(p, s, jax.random.fold_in(key, state["i"]))
+        jax.block_until_ready(loss)
+        state["p"], state["s"] = p, s
+
+    return run, model.num_params()
+
+
+def torch_bbb_step(sizes):
+    """``run(n)``: n training steps of a bayesian-torch ``LinearReparameterization`` MLP (eager PyTorch)."""
+    import numpy as np
+    import torch
+    from bayesian_torch.layers import LinearReparameterization
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([LinearReparameterization(a, b, prior_mean=0.0, prior_variance=1.0,
+                                                           posterior_mu_init=0.0, posterior_rho_init=-3.0)
+                                  for a, b in zip(sizes[:-1], sizes[1:])])
+    opt = torch.optim.Adam(layers.parameters(), lr=LR)
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.uniform(size=(BATCH, sizes[0])), dtype=torch.float32)
+    y = torch.tensor(rng.integers(0, sizes[-1], BATCH))
+
+    def run(n):
+        for _ in range(n):
+            h, kl = x, 0.0
+            for i, layer in enumerate(layers):
+                h, k = layer(h)
+                kl = kl + k
+                if i < len(layers) - 1:
+                    h = torch.relu(h)
+            loss = torch.nn.functional.cross_entropy(h, y) + kl / N_TRAIN
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    count = sum(p.numel() for p in layers.parameters())
+    return run, count
+
+
+def ours_lstm_step(resample: bool, batch: int = 64, T: int = 24):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from finite import lowrank
+
+    model = lowrank.lstm(15, 64, 1, 2, "lowrank", rank_ih=14, rank_hh=20, resample_per_step=resample)
+    key = jax.random.PRNGKey(1)
+    params = model.init(key, jnp.float32)
+    opt = optax.adam(LR)
+    opt_state = opt.init(params)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((batch, T, 15)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((batch, 1)), jnp.float32)
+
+    def loss_fn(p, k):
+        out, kl = model.apply_and_kl(p, x, k)
+        return jnp.mean((out - y) ** 2) + kl / 29_213
+
+    @jax.jit
+    def step(p, s, k):
+        loss, g = jax.value_and_grad(loss_fn)(p, k)
+        upd, s = opt.update(g, s, p)
+        return optax.apply_updates(p, upd), s, loss
+
+    state = {"p": params, "s": opt_state, "i": 0}
+
+    def run(n):
+        p, s = state["p"], state["s"]
+        for _ in range(n):
+            state["i"] += 1
+            p, s, loss = step(p, s, jax.random.fold_in(key, state["i"]))
+        jax.block_until_ready(loss)
+        state["p"], state["s"] = p, s
+
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smoke test: a small network, targets not judged")
+    ap.add_argument("--skip-torch", action="store_true", help="leave out bayesian-torch")
+    args = ap.parse_args(argv)
+    sizes = (64, 100, 100, 10) if args.quick else (784, 1200, 1200, 10)
+    ranks = (10, 10, 5) if args.quick else (25, 25, 10)
+    n = 5 if args.quick else 30
+    rounds = 1 if args.quick else args.rounds
+    res: dict = {}
+    for kind in ("deterministic", "bbb", "lowrank"):
+        run, count = ours_mlp_step(sizes, kind, ranks)
+        res[f"ours_{kind}"] = {"step_s": _best_per_step(run, n, rounds), "params": count}
+        print(f"ours {kind}: {1e3 * res[f'ours_{kind}']['step_s']:.2f} ms/step, {count:,} parameters", flush=True)
+    if not args.skip_torch:
+        import torch
+
+        run, count = torch_bbb_step(sizes)
+        res["torch_bbb"] = {"step_s": _best_per_step(run, n, rounds), "params": count,
+                            "torch": torch.__version__, "threads": torch.get_num_threads()}
+        print(f"bayesian-torch BBB: {1e3 * res['torch_bbb']['step_s']:.2f} ms/step, {count:,} parameters", flush=True)
+    for resample in (False, True):
+        name = "lstm_resample_per_step" if resample else "lstm_once_per_sequence"
+        res[name] = {"step_s": _best_per_step(ours_lstm_step(resample, 16 if args.quick else 64), n, rounds)}
+        print(f"{name}: {1e3 * res[name]['step_s']:.2f} ms/step", flush=True)
+
+    t = {k: v["step_s"] for k, v in res.items()}
+    ratios = {
+        "bbb_over_lowrank": (t["ours_bbb"] / t["ours_lowrank"], ">= 5", t["ours_bbb"] / t["ours_lowrank"] >= 5),
+        "lowrank_over_deterministic": (t["ours_lowrank"] / t["ours_deterministic"], "<= 2",
+                                       t["ours_lowrank"] / t["ours_deterministic"] <= 2),
+    }
+    if "torch_bbb" in t:
+        ratios["ours_bbb_over_torch_bbb"] = (t["ours_bbb"] / t["torch_bbb"], "<= 1.0",
+                                             t["ours_bbb"] / t["torch_bbb"] <= 1)
+        ratios["ours_lowrank_over_torch_bbb"] = (t["ours_lowrank"] / t["torch_bbb"], "<= 0.2",
+                                                 t["ours_lowrank"] / t["torch_bbb"] <= 0.2)
+    ratios["lstm_resample_over_once"] = (t["lstm_resample_per_step"] / t["lstm_once_per_sequence"], "", None)
+    print("\n| model | ms/step | parameters |\n|---|---|---|")
+    for k, v in res.items():
+        print(f"| {k} | {1e3 * v['step_s']:.2f} | {v.get('params', '')} |")
+    print("\n| ratio | value | target |\n|---|---|---|")
+    for k, (v, target, ok) in ratios.items():
+        mark = "" if args.quick or ok is None else (" ✓" if ok else " ✗")
+        print(f"| {k} | {v:.3f} | {target}{mark} |")
+    import jax
+
+    payload = {"quick": args.quick, "machine": platform.platform(), "python": platform.python_version(),
+               "jax": jax.__version__, "cpu_count": os.cpu_count(), "sizes": sizes, "ranks": ranks, "batch": BATCH,
+               "results": res,
+               "ratios": {k: {"value": v, "target": tg, "met": ok} for k, (v, tg, ok) in ratios.items()}}
+    path = RESULTS_QUICK if args.quick else RESULTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))
+    print(f"\nwrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
