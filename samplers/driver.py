@@ -614,8 +614,8 @@ def sample(logdensity_fn: Callable, key, initial_position, *, num_chains: int = 
 
     Raises:
         ValueError: a bad argument (named): ``num_chains < 1``, unknown ``kernel``/``adaptation``/``pool_step``,
-            a log density that is not a scalar, a NaN or infinite log density at an initial position, a checkpoint
-            written with other settings.
+            a log density that is not a scalar, a NaN or infinite log density (or gradient) at an initial
+            position, a checkpoint written with other settings.
         FloatingPointError: a chain's log density became NaN.
     """
     if int(num_chains) < 1:
@@ -676,6 +676,11 @@ def sample(logdensity_fn: Callable, key, initial_position, *, num_chains: int = 
         if bad.any():
             raise ValueError(f"sample: the log density is NaN or infinite at initial_position of chains "
                              f"{np.flatnonzero(bad).tolist()}")
+        grads = jax.vmap(lambda g: ravel_pytree(g)[0])(states.hmc.logdensity_grad)
+        bad = ~np.all(np.isfinite(np.asarray(grads)), axis=1)
+        if bad.any():
+            raise ValueError(f"sample: the gradient of the log density is NaN or infinite at initial_position of "
+                             f"chains {np.flatnonzero(bad).tolist()}")
         done, seconds, kept, traces = 0, 0.0, [], []
     if sharding is not None:
         states = jax.device_put(states, sharding)
