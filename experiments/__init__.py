@@ -18,4 +18,5 @@ EXPERIMENTS = {
     "gaussian-classification": "experiments.gaussian_classification",
     "svtp": "experiments.svtp",
     "ensembles": "experiments.ensembles",
+    "lowrank-toy": "experiments.lowrank_toy",
 }

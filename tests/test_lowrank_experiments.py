@@ -1,0 +1,35 @@
+"""The singular-BNN experiments in their fast modes."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args, timeout=600):
+    env = dict(os.environ, MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_lowrank_toy_quick_and_resume(tmp_path):
+    res = _run("lowrank-toy", "--quick", "--quiet", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    cells = json.loads((tmp_path / "results.json").read_text())["results"]["cells"]
+    # the paper's parameter counts (Table 20), from the closed form of finite.lowrank
+    assert cells["fullrank"]["params"] == 20802 and cells["lowrank"]["params"] == 7202
+    for c in cells.values():
+        assert c["bands"]["in_domain"] > 0 and c["bands"]["out_of_domain"] > 0
+        assert 0 < c["rmse_mc200"] < 1.0
+    hmc = cells["hmc"]
+    # every sampled A B^T has rank <= 16: the 17th singular value is round-off
+    sv = hmc["singular_values_median"]
+    assert len(sv) == 18 and sv[16] < 1e-5 * sv[0] and hmc["numerical_rank"] <= 16
+    assert (tmp_path / "lowrank_toy_bands.png").exists()
+    md = (tmp_path / "results.md").read_text()
+    assert "0.49623" in md and "7,202" in md  # the paper's rows beside ours
+    again = _run("lowrank-toy", "--quick", "--quiet", "--out", str(tmp_path), timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "results.json").read_text())["results"]["cells"] == cells
