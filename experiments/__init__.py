@@ -19,4 +19,5 @@ EXPERIMENTS = {
     "svtp": "experiments.svtp",
     "ensembles": "experiments.ensembles",
     "lowrank-toy": "experiments.lowrank_toy",
+    "lowrank-pm25": "experiments.lowrank_pm25",
 }

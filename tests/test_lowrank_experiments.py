@@ -33,3 +33,24 @@ def test_lowrank_toy_quick_and_resume(tmp_path):
     again = _run("lowrank-toy", "--quick", "--quiet", "--out", str(tmp_path), timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "results.json").read_text())["results"]["cells"] == cells
+
+
+def test_lowrank_pm25_quick(tmp_path):
+    import pytest
+
+    from experiments.data import is_available
+
+    if not (is_available("pm25-beijing") and is_available("pm25-guangzhou")):
+        pytest.skip("PM2.5 files not available (set SMNNGP_DATA_DIR)")
+    res = _run("lowrank-pm25", "--quick", "--quiet", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "results.json").read_text())["results"]["summary"]
+    assert set(summary) == {"deterministic", "ensemble", "lowrank"}
+    for s in summary.values():
+        assert 0.0 <= s["picp"][0] <= 1.0 and 0.0 <= s["auroc_ood"][0] <= 1.0 and s["mae"][0] > 0
+        assert len(s["selective_mae"]) == 7
+    # a deterministic network's predictive std is the constant noise: it cannot rank OOD windows
+    assert summary["deterministic"]["auroc_ood"][0] == 0.5
+    assert summary["ensemble"]["params"] == 5 * summary["deterministic"]["params"]
+    assert summary["lowrank"]["params"] < summary["deterministic"]["params"]
+    assert "10.63" in (tmp_path / "results.md").read_text()
