@@ -20,4 +20,5 @@ EXPERIMENTS = {
     "ensembles": "experiments.ensembles",
     "lowrank-toy": "experiments.lowrank_toy",
     "lowrank-pm25": "experiments.lowrank_pm25",
+    "lowrank-mlp": "experiments.lowrank_mlp",
 }

@@ -54,3 +54,17 @@ def test_lowrank_pm25_quick(tmp_path):
     assert summary["ensemble"]["params"] == 5 * summary["deterministic"]["params"]
     assert summary["lowrank"]["params"] < summary["deterministic"]["params"]
     assert "10.63" in (tmp_path / "results.md").read_text()
+
+
+def test_lowrank_mlp_quick_and_table14_counts(tmp_path):
+    res = _run("lowrank-mlp", "--quick", "--quiet", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    # Table 14 reproduced exactly, in closed form, whatever the data set
+    assert results["mnist_param_counts"] == {"bbb": 4788010, "lowrank-gaussian": 245810, "lowrank-laplace": 245810,
+                                             "rank1": 2406398}
+    summary = results["summary"]
+    assert set(summary) == {"bbb", "lowrank-gaussian", "lowrank-laplace", "rank1"}
+    for s in summary.values():
+        assert 0.1 <= s["accuracy"][0] <= 1.0 and s["mi"][0] >= 0.0 and s["nll"][0] > 0
+    assert summary["lowrank-gaussian"]["params"] == summary["lowrank-laplace"]["params"] < summary["bbb"]["params"]
