@@ -147,11 +147,14 @@ def _hmc_cell(args, data, seed, out, log):
                  "f_test": lambda p: model.forward(weights(p), xt)[:, 0],
                  "singular_values": lambda p: jnp.linalg.svd(p["A"] @ p["B"].T, compute_uv=False)[: r + 2]}
     os.makedirs(os.path.join(out, "cells"), exist_ok=True)
+    # one checkpoint file per setting: the driver refuses to resume a checkpoint written with other settings
+    ckpt = (f"seed{seed}_hmc_c{args.hmc_chains}_w{args.hmc_warmup}_s{args.hmc_samples}_t{args.hmc_thinning}"
+            f"_d{args.hmc_max_doublings}.ckpt")
     res = driver.sample(logdensity, jax.random.PRNGKey(seed + 100), init, num_chains=args.hmc_chains,
                         num_warmup=args.hmc_warmup, num_samples=args.hmc_samples, thinning=args.hmc_thinning,
                         kernel="nuts", adaptation="window", functions=functions, keep_position=False,
                         max_num_doublings=args.hmc_max_doublings,
-                        chunk=25, checkpoint=os.path.join(out, "cells", f"seed{seed}_hmc.ckpt"),
+                        chunk=25, checkpoint=os.path.join(out, "cells", ckpt),
                         progress=not args.quiet)
     f_grid = res.draws["f_grid"].reshape(-1, grid.shape[0])
     f_test = res.draws["f_test"]
