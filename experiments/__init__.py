@@ -21,4 +21,5 @@ EXPERIMENTS = {
     "lowrank-toy": "experiments.lowrank_toy",
     "lowrank-pm25": "experiments.lowrank_pm25",
     "lowrank-mlp": "experiments.lowrank_mlp",
+    "lowrank-bounds": "experiments.lowrank_bounds",
 }

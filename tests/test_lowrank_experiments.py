@@ -68,3 +68,22 @@ def test_lowrank_mlp_quick_and_table14_counts(tmp_path):
     for s in summary.values():
         assert 0.1 <= s["accuracy"][0] <= 1.0 and s["mi"][0] >= 0.0 and s["nll"][0] > 0
     assert summary["lowrank-gaussian"]["params"] == summary["lowrank-laplace"]["params"] < summary["bbb"]["params"]
+
+
+def test_lowrank_bounds_quick(tmp_path):
+    import numpy as np
+
+    res = _run("lowrank-bounds", "--quick", "--quiet", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((tmp_path / "results.json").read_text())["results"]
+    decay = r["decay"]
+    # Eckart-Young-Mirsky: tail energy falls with rank to 0 at full rank; retention rises to 1
+    assert np.all(np.diff(decay["tail_energy"]) <= 1e-12) and decay["tail_energy"][-1] < 1e-8
+    assert abs(decay["energy_retention"][-1] - 1) < 1e-12
+    ratio = np.asarray(r["pac_bayes"]["ratio"])
+    assert np.all(np.diff(ratio) > 0)  # sqrt(r (m + n) / (m n)) grows with r
+    for cell in r["sweep"].values():
+        assert cell["c_max"] > 0 and 0 <= cell["train_error"] <= 1
+        assert len([s for s in cell["mean_singular_values"] if s > 1e-6 * cell["mean_singular_values"][0]]) <= \
+            (cell["rank"] or 10**9)
+    assert (tmp_path / "lowrank_bounds.png").exists()
