@@ -208,3 +208,12 @@ def test_mbnn_uci_per_dataset_sampler_settings():
     assert "pool_step" not in mbnn_uci._cfg(s, "energy", "mbnn-0.1")
     s = mbnn_uci.settings(build_parser().parse_args(["mbnn-uci", "--out", "x", "--pool-step", "min"]))
     assert mbnn_uci._cfg(s, "yacht", "mbnn-0.1")["pool_step"] == "min"
+
+
+def test_readme_lowrank_example_runs():
+    res = _run_readme_example("## Low-rank (singular) Bayesian networks")
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    assert lines[0] == "7202"
+    assert lines[1] == "(100, 9, 1) True"
+    assert lines[2] == "1.0 True"
