@@ -1,5 +1,5 @@
-"""experiments.metrics (classification, intervals, samples, selective prediction): each metric against a case computed by hand or against
-scikit-learn / scipy, and its input checks."""
+"""experiments.metrics (classification, intervals, samples, selective prediction): each metric against a case
+computed by hand or against scikit-learn / scipy, and its input checks."""
 
 from __future__ import annotations
 
