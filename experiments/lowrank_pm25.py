@@ -77,6 +77,7 @@ def _train(model, params, task, key, args, *, bayes: bool, log, members: int = 0
     """Epochs of `finite.lowrank.fit` (or `fit_ensemble`) with early stopping on the validation MAE (scaled
     units); returns ``(best params, noise std, epochs run, best epoch)``."""
     import jax
+    import optax
 
     from finite import lowrank
 
@@ -84,18 +85,17 @@ def _train(model, params, task, key, args, *, bayes: bool, log, members: int = 0
     prior = lowrank.ScaleMixturePrior() if bayes else None
     best, best_epoch, since, noise = (np.inf, None, None), 0, 0, 1.0
     opt_state = None
+    optimizer = optax.adam(1e-3)  # one object: the compiled epoch is reused across the calls
     for e in range(args.epochs):
         k = jax.random.fold_in(key, e)
-        common = dict(likelihood="gaussian", num_epochs=1, batch_size=64, learning_rate=1e-3, prior=prior,
-                      kl_weight=0.09, num_data=n, noise_std=float(np.mean(noise)), learn_noise=True)
+        common = dict(likelihood="gaussian", num_epochs=1, batch_size=64, optimizer=optimizer, prior=prior,
+                      kl_weight=0.09, num_data=n, noise_std=noise, learn_noise=True, opt_state=opt_state)
         if members:
-            fit = lowrank.fit_ensemble(model, task.x_train, task.y_train, k, num_members=members,
-                                       params=params if e else None, **common)
-            # fit_ensemble restarts its optimiser per call: keep epochs comparable by continuing from params
+            fit = lowrank.fit_ensemble(model, task.x_train, task.y_train, k, num_members=members, params=params,
+                                       **common)
         else:
-            fit = lowrank.fit(model, params, task.x_train, task.y_train, k, opt_state=opt_state, **common)
-            opt_state = fit.opt_state
-        params, noise = fit.params, fit.noise_std
+            fit = lowrank.fit(model, params, task.x_train, task.y_train, k, **common)
+        params, noise, opt_state = fit.params, fit.noise_std, fit.opt_state
         if members:
             f_val = _chunked(lambda xb: lowrank.ensemble_apply(model, params, xb)[..., 0], task.x_val)
             mae = float(np.mean(np.abs(f_val.mean(0) - task.y_val)))

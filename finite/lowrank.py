@@ -2330,6 +2330,26 @@ def _make_epoch(model, optimizer, likelihood, learn_noise, prior, kl_method, bat
     return epoch
 
 
+def _compiled_epoch(model, optimizer, likelihood, learn_noise, prior, kl_method, bs, steps, num_data, members):
+    """The jitted epoch, cached on its (hashable) settings, so that training continued call by call (early
+    stopping, epoch-wise checkpoints) compiles once; pass the same ``optimizer`` object to every call. Unhashable
+    settings (e.g. a prior holding arrays) fall back to a fresh compilation."""
+    try:
+        return _compiled_epoch_cached(model, optimizer, likelihood, learn_noise, prior, kl_method, bs, steps,
+                                      num_data, members)
+    except TypeError:  # unhashable
+        return _build_epoch(model, optimizer, likelihood, learn_noise, prior, kl_method, bs, steps, num_data,
+                            members)
+
+
+def _build_epoch(model, optimizer, likelihood, learn_noise, prior, kl_method, bs, steps, num_data, members):
+    one = _make_epoch(model, optimizer, likelihood, learn_noise, prior, kl_method, bs, steps, num_data)
+    return jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None, None, None)) if members else one)
+
+
+_compiled_epoch_cached = functools.lru_cache(maxsize=16)(_build_epoch)
+
+
 def _fit_setup(model, x, y, likelihood, num_epochs, batch_size, learning_rate, optimizer, kl_weight,
                warmup_epochs, warmup_delay, kl_schedule, num_data, noise_std, where):
     if not isinstance(model, _Network):
@@ -2395,8 +2415,8 @@ def fit(model, params, x, y, key, *, likelihood: str = "gaussian", num_epochs: i
     state = (params, log_noise)
     if opt_state is None:
         opt_state = optimizer.init(state)
-    epoch = jax.jit(_make_epoch(model, optimizer, likelihood, bool(learn_noise), prior, kl_method, bs, steps,
-                                num_data))
+    epoch = _compiled_epoch(model, optimizer, likelihood, bool(learn_noise), prior, kl_method, bs, steps, num_data,
+                            False)
     hist = {"loss": [], "nll": [], "kl": [], "beta": []}
     from tqdm.auto import tqdm
 
@@ -2429,7 +2449,7 @@ def fit_ensemble(model, x, y, key, *, num_members: int = 5, params=None, likelih
                  num_epochs: int = 10, batch_size: int = 128, learning_rate: float = 1e-3,
                  optimizer: optax.GradientTransformation | None = None, prior=None, kl_weight: float = 1.0,
                  warmup_epochs: int = 0, warmup_delay: int = 0, kl_schedule=None, kl_method: str = "auto",
-                 num_data: float | None = None, noise_std: float = 1.0, learn_noise: bool = False,
+                 num_data: float | None = None, noise_std=1.0, learn_noise: bool = False, opt_state=None,
                  progress: bool = False) -> FitResult:
     """Deep ensemble (Lakshminarayanan et al. 2017; paper's M = 5): ``K`` members of ``model`` (normally the
     deterministic network) initialised with different keys and trained **in parallel**: one jitted ``vmap`` of
@@ -2438,9 +2458,21 @@ def fit_ensemble(model, x, y, key, *, num_members: int = 5, params=None, likelih
     given, and trains with ``split(k_train, K)[k]``). Same arguments as :func:`fit` (``prior=None`` by default:
     no KL). Returns :class:`FitResult` with a leading member axis on
     ``params``, ``history`` arrays ``(epochs, K)`` and ``noise_std`` ``(K,)`` (Gaussian likelihood).
+
+    To continue a run (e.g. epoch by epoch with early stopping), pass the previous result's ``params``,
+    ``noise_std`` (one per member) and ``opt_state``; Adam's moments then carry over instead of restarting.
     """
     where = "fit_ensemble"
     k = _check_int(num_members, "num_members", where)
+    member_noise = np.asarray(noise_std, np.float64)
+    if member_noise.ndim == 1:
+        if member_noise.shape != (k,) or not np.all(member_noise > 0):
+            raise ValueError(f"{where}: noise_std must be a positive number or {k} positive numbers (one per "
+                             f"member), got {noise_std!r}")
+        noise_std = float(member_noise[0])
+    elif member_noise.ndim:
+        raise ValueError(f"{where}: noise_std must be a number or a (num_members,) array, got shape "
+                         f"{member_noise.shape}")
     x, y, n, bs, steps, optimizer, kl_weight, schedule, num_data, noise_std = _fit_setup(
         model, x, y, likelihood, num_epochs, batch_size, learning_rate, optimizer, kl_weight, warmup_epochs,
         warmup_delay, kl_schedule, num_data, noise_std, where)
@@ -2449,11 +2481,15 @@ def fit_ensemble(model, x, y, key, *, num_members: int = 5, params=None, likelih
     if params is None:
         params = init_ensemble(model, k_init, k)
     dtype = jax.tree.leaves(params)[0].dtype
-    log_noise = jnp.full((k,), math.log(noise_std) if likelihood == "gaussian" else 0.0, dtype)
+    if likelihood == "gaussian" and member_noise.ndim == 1:
+        log_noise = jnp.asarray(np.log(member_noise), dtype)
+    else:
+        log_noise = jnp.full((k,), math.log(noise_std) if likelihood == "gaussian" else 0.0, dtype)
     state = (params, log_noise)
-    opt_state = jax.vmap(optimizer.init)(state)
-    one = _make_epoch(model, optimizer, likelihood, bool(learn_noise), prior, kl_method, bs, steps, num_data)
-    epoch = jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None, None, None)))
+    if opt_state is None:
+        opt_state = jax.vmap(optimizer.init)(state)
+    epoch = _compiled_epoch(model, optimizer, likelihood, bool(learn_noise), prior, kl_method, bs, steps, num_data,
+                            True)
     hist = {"loss": [], "nll": [], "kl": [], "beta": []}
     from tqdm.auto import tqdm
 

@@ -9,6 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from scipy import integrate, stats
 
@@ -400,6 +401,25 @@ def test_deep_ensemble_members_differ_and_are_trained():
     assert W.shape == (3, 1, 12) and not np.allclose(W[0], W[1]) and not np.allclose(W[1], W[2])
     outs = LR.ensemble_apply(net, res.params, x)
     assert outs.shape == (3, 48, 1) and float(outs.std(0).mean()) > 0
+
+
+
+def test_deep_ensemble_continues_its_optimiser_and_member_noise():
+    """Epoch-by-epoch training (early stopping) carries Adam's state and each member's noise across calls."""
+    x, y = _toy_data(48, seed=2)
+    net = LR.mlp((1, 8, 1), "deterministic", activation="tanh")
+    opt = optax.adam(1e-2)
+    first = LR.fit_ensemble(net, x, y, jax.random.PRNGKey(5), num_members=3, num_epochs=2, batch_size=16,
+                            optimizer=opt, noise_std=0.3, learn_noise=True)
+    again = LR.fit_ensemble(net, x, y, jax.random.PRNGKey(6), num_members=3, num_epochs=1, batch_size=16,
+                            optimizer=opt, params=first.params, noise_std=first.noise_std,
+                            opt_state=first.opt_state, learn_noise=True)
+    counts = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(again.opt_state)
+              if np.asarray(leaf).dtype == np.int32]
+    assert counts and all(np.all(c == 3 * (48 // 16)) for c in counts)  # 3 epochs of 3 steps, not restarted
+    assert first.noise_std.shape == (3,) and len(set(np.round(first.noise_std, 8))) == 3
+    with pytest.raises(ValueError, match="noise_std"):
+        LR.fit_ensemble(net, x, y, jax.random.PRNGKey(6), num_members=3, num_epochs=1, noise_std=np.ones(2))
 
 
 # ---------------------------------------------------------------------------
