@@ -22,4 +22,5 @@ EXPERIMENTS = {
     "lowrank-pm25": "experiments.lowrank_pm25",
     "lowrank-mlp": "experiments.lowrank_mlp",
     "lowrank-bounds": "experiments.lowrank_bounds",
+    "lowrank-transformer": "experiments.lowrank_transformer",
 }

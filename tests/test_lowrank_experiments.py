@@ -87,3 +87,33 @@ def test_lowrank_bounds_quick(tmp_path):
         assert len([s for s in cell["mean_singular_values"] if s > 1e-6 * cell["mean_singular_values"][0]]) <= \
             (cell["rank"] or 10**9)
     assert (tmp_path / "lowrank_bounds.png").exists()
+
+
+def test_lowrank_transformer_quick_and_table8_counts(tmp_path):
+    res = _run("lowrank-transformer", "--quick", "--quiet", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((tmp_path / "results.json").read_text())["results"]
+    # Table 8 of the paper, to its printed rounding
+    assert {m: round(v / 1e6, 2) for m, v in r["paper_counts"].items()} == {
+        "deterministic": 9.92, "bbb": 19.84, "lowrank": 1.47, "rank1": 10.01}
+    cells = r["cells"]
+    assert set(cells) == {"deterministic", "bbb", "lowrank", "rank1"}
+    assert cells["lowrank"]["params"] < cells["deterministic"]["params"] < cells["bbb"]["params"]
+    for c in cells.values():
+        assert 0 <= c["auroc_ood"] <= 1 and 0 <= c["accuracy"] <= 1
+
+
+def test_generated_text_task_is_learnable_by_its_rule():
+    import numpy as np
+
+    from experiments.lowrank_transformer import generate_task
+
+    x, y, _, _, x_ood = generate_task(0, 300, 16, 2000, 10, 50)
+    assert x.shape == (2000, 16) and x[:, 0].max() == 0 and x_ood[:, 1:].min() >= 21 + (300 - 21) // 2
+    cues = x[:, 1:]
+    score = ((cues >= 1) & (cues <= 10)).sum(1) - ((cues >= 11) & (cues <= 20)).sum(1)
+    decided = score != 0
+    # the cue majority decides the label up to the 10% label noise
+    agree = np.mean((score[decided] > 0).astype(int) == y[decided])
+    assert 0.85 < agree < 0.95
+    assert not np.isin(x_ood[:, 1:], np.arange(1, 21)).any()
