@@ -486,7 +486,7 @@ def test_sample_fixed_seed_regression():
     """Two fixed-seed runs of `sample`, against draws, traces and final states recorded at commit 3f4bd5a (before
     the sampler was rebuilt on `samplers.driver`): a chunked compacted run with the adaptation restart, pooled
     steps, thinning and a kept function; and a one-iteration-per-call NUTS run at full width."""
-    golden = np.load(os.path.join(os.path.dirname(__file__), "golden", "mbnn_sample_regression.npz"))
+    golden = np.load(os.path.join(os.path.dirname(__file__), "regression", "mbnn_sample_regression.npz"))
     model = _poly_model(width=12, n=10)
     xt = jnp.linspace(-4, 4, 3)[:, None]
     fns = {"f": lambda p, m, s2, b: model.net.apply(p, m, xt, b)[:, 0]}
