@@ -42,7 +42,6 @@ alone (an ensemble of one, sliced with :func:`select_members`, given ``keys[k:k+
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -53,6 +52,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from finite.checks import check_positive
 from smnngp import stax
 from smnngp.priors import InverseGamma, as_prior
 
@@ -144,14 +144,7 @@ def _check_num_members(num_members, where: str) -> int:
     return int(num_members)
 
 
-def _check_positive(value, name: str, where: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: {name} must be a positive number, got {value!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{where}: {name} must be positive and finite, got {value!r}")
-    return v
+_check_positive = check_positive
 
 
 def _float_dtype(dtype):

@@ -81,6 +81,7 @@ import numpyro.distributions as dist
 import optax
 from jax import lax
 
+from finite.checks import check_positive
 from smnngp.kernels import softplus_inverse
 
 __all__ = [
@@ -152,14 +153,7 @@ def _check_int(value, name: str, where: str, minimum: int = 1) -> int:
     return int(value)
 
 
-def _check_pos(value, name: str, where: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: {name} must be a positive number, got {value!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{where}: {name} must be positive and finite, got {value!r}")
-    return v
+_check_pos = check_positive
 
 
 def _check_range(value, name: str, where: str):
@@ -611,14 +605,46 @@ def _dispatch_kl(spec, params, prior, key, method, where):
     return spec._kl_impl(params, prior, key, method)
 
 
-class _Layer:
-    """Shared plumbing of the dense layers (kind-specific: ``_init_impl``, ``_noise_shapes``, ``_mf_list``,
-    ``_assemble``, ``forward``, ``_log_ratio``, ``_exact_kl``)."""
+class _Stochastic:
+    """What dense layers and embeddings share: ``init`` and the KL of their stochastic parameters (subclasses
+    give ``_where``, ``sample``, ``_log_ratio``, ``_exact_kl`` and ``kind``)."""
 
     def init(self, key, dtype=jnp.float32):
         """Initial parameters (a NamedTuple / dict pytree) with floating ``dtype`` (default float32), drawn with
         ``key``; one jitted program per spec and dtype."""
         return _jit_init(self, key, _float_dtype(dtype))
+
+    def kl(self, params, prior=DEFAULT_PRIOR, key=None, method: str = "auto"):
+        """``KL(q || p)`` of the stochastic parameters (paper Eq. 1; for an embedding, of the whole table).
+
+        ``method="mc"``: ``log q(w) - log p(w)`` at ``w = sample(params, key)`` (the draw ``apply`` uses with
+        ``key``), unbiased; ``"exact"``: closed form for Gaussian factors and a :class:`GaussianPrior`;
+        ``"auto"``: exact when available. Returns a scalar (0 for deterministic kinds).
+        """
+        where = self._where()
+        _kl_method(method, _check_prior(prior, where), getattr(self, "family", "gaussian"), where)
+        if key is None and _kl_method(method, prior, getattr(self, "family", "gaussian"), where) == "mc":
+            raise ValueError(f"{where}: kl with method='mc' needs a PRNG key")
+        return _dispatch_kl(self, params, prior, key, method, where)
+
+    def _kl_impl(self, params, prior, key, method):
+        where = self._where()
+        method = _kl_method(method, prior, getattr(self, "family", "gaussian"), where)
+        if method == "exact" or self.kind == "deterministic":
+            return self._exact_kl(params, prior)
+        if key is None:
+            raise ValueError(f"{where}: kl with method='mc' needs a PRNG key")
+        return self.kl_at(params, self.sample(params, key), prior)
+
+    def kl_at(self, params, weights, prior=DEFAULT_PRIOR):
+        """Single-sample Monte-Carlo KL ``log q(weights) - log p(weights)`` at given drawn ``weights`` (for an
+        embedding, a full-table draw)."""
+        return self._log_ratio(params, weights, prior)
+
+
+class _Layer(_Stochastic):
+    """Shared plumbing of the dense layers (kind-specific: ``_init_impl``, ``_noise_shapes``, ``_mf_list``,
+    ``_assemble``, ``forward``, ``_log_ratio``, ``_exact_kl``)."""
 
     def _where(self):
         return f"{type(self).__name__}({self.n_in}->{self.n_out})"
@@ -653,32 +679,6 @@ class _Layer:
     def sample_from_noise(self, params, u):
         """The draw for given flat uniform noise ``u`` of size ``noise_size`` (``None`` for deterministic)."""
         return _draw_flat((self,), (params,), u)[0][0]
-
-    def kl(self, params, prior=DEFAULT_PRIOR, key=None, method: str = "auto"):
-        """``KL(q || p)`` of this layer's stochastic parameters (paper Eq. 1).
-
-        ``method="mc"``: ``log q(w) - log p(w)`` at ``w = sample(params, key)`` (the draw ``apply`` uses with
-        ``key``), unbiased; ``"exact"``: closed form for Gaussian factors and a :class:`GaussianPrior`;
-        ``"auto"``: exact when available. Returns a scalar (0 for deterministic layers).
-        """
-        where = self._where()
-        _kl_method(method, _check_prior(prior, where), getattr(self, "family", "gaussian"), where)
-        if key is None and _kl_method(method, prior, getattr(self, "family", "gaussian"), where) == "mc":
-            raise ValueError(f"{where}: kl with method='mc' needs a PRNG key")
-        return _dispatch_kl(self, params, prior, key, method, where)
-
-    def _kl_impl(self, params, prior, key, method):
-        where = self._where()
-        method = _kl_method(method, prior, getattr(self, "family", "gaussian"), where)
-        if method == "exact" or self.kind == "deterministic":
-            return self._exact_kl(params, prior)
-        if key is None:
-            raise ValueError(f"{where}: kl with method='mc' needs a PRNG key")
-        return self.kl_at(params, self.sample(params, key), prior)
-
-    def kl_at(self, params, weights, prior=DEFAULT_PRIOR):
-        """Single-sample Monte-Carlo KL ``log q(weights) - log p(weights)`` at given drawn ``weights``."""
-        return self._log_ratio(params, weights, prior)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1111,12 +1111,9 @@ def _check_tokens(tokens, vocab: int, where: str):
                          f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
 
 
-class _Embedding:
+class _Embedding(_Stochastic):
+    """Shared plumbing of the embeddings (kind-specific: ``lookup``, ``sample``, ``_log_ratio``, ``_exact_kl``)."""
 
-    def init(self, key, dtype=jnp.float32):
-        """Initial parameters (a NamedTuple / dict pytree) with floating ``dtype`` (default float32), drawn with
-        ``key``; one jitted program per spec and dtype."""
-        return _jit_init(self, key, _float_dtype(dtype))
     def _where(self):
         return f"{type(self).__name__}({self.vocab}x{self.dim})"
 
@@ -1130,27 +1127,6 @@ class _Embedding:
 
     def _apply_impl(self, params, tokens, key):
         return self.lookup(params, tokens, key)
-
-    def kl(self, params, prior=DEFAULT_PRIOR, key=None, method: str = "auto"):
-        """``KL(q || p)`` over the whole table (Monte Carlo at ``sample(params, key)``, or exact as for dense)."""
-        where = self._where()
-        _kl_method(method, _check_prior(prior, where), getattr(self, "family", "gaussian"), where)
-        if key is None and _kl_method(method, prior, getattr(self, "family", "gaussian"), where) == "mc":
-            raise ValueError(f"{where}: kl with method='mc' needs a PRNG key")
-        return _dispatch_kl(self, params, prior, key, method, where)
-
-    def _kl_impl(self, params, prior, key, method):
-        where = self._where()
-        method = _kl_method(method, prior, getattr(self, "family", "gaussian"), where)
-        if method == "exact" or self.kind == "deterministic":
-            return self._exact_kl(params, prior)
-        if key is None:
-            raise ValueError(f"{where}: kl with method='mc' needs a PRNG key")
-        return self.kl_at(params, self.sample(params, key), prior)
-
-    def kl_at(self, params, weights, prior=DEFAULT_PRIOR):
-        """Single-sample Monte-Carlo KL at a full-table draw ``weights``."""
-        return self._log_ratio(params, weights, prior)
 
 
 @dataclasses.dataclass(frozen=True)
