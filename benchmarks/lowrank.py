@@ -54,6 +54,31 @@ def _best_per_step(step, n: int, rounds: int) -> float:
     return best
 
 
+def _training_steps(loss_fn, params, opt, key):
+    """``run(n)``: n jitted Adam steps on ``loss_fn(params, key_t)`` with a fresh key per step, continuing from
+    the previous call (returns when the last step is done)."""
+    import jax
+    import optax
+
+    @jax.jit
+    def step(p, s, k):
+        loss, g = jax.value_and_grad(loss_fn)(p, k)
+        upd, s = opt.update(g, s, p)
+        return optax.apply_updates(p, upd), s, loss
+
+    state = {"p": params, "s": opt.init(params), "i": 0}
+
+    def run(n):
+        p, s = state["p"], state["s"]
+        for _ in range(n):
+            state["i"] += 1
+            p, s, loss = step(p, s, jax.random.fold_in(key, state["i"]))
+        jax.block_until_ready(loss)
+        state["p"], state["s"] = p, s
+
+    return run
+
+
 def ours_mlp_step(sizes, kind: str, ranks):
     """``run(n)`` doing n training steps of our MLP of ``kind`` on random data (returns when they are done)."""
     import jax
@@ -67,7 +92,6 @@ def ours_mlp_step(sizes, kind: str, ranks):
     key = jax.random.PRNGKey(0)
     params = model.init(key, jnp.float32)
     opt = optax.adam(LR)
-    opt_state = opt.init(params)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.uniform(size=(BATCH, sizes[0])), jnp.float32)
     y = jnp.asarray(rng.integers(0, sizes[-1], BATCH))
@@ -82,23 +106,7 @@ def ours_mlp_step(sizes, kind: str, ranks):
         ce = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
         return ce + kl / N_TRAIN
 
-    @jax.jit
-    def step(p, s, k):
-        loss, g = jax.value_and_grad(loss_fn)(p, k)
-        upd, s = opt.update(g, s, p)
-        return optax.apply_updates(p, upd), s, loss
-
-    state = {"p": params, "s": opt_state, "i": 0}
-
-    def run(n):
-        p, s = state["p"], state["s"]
-        for _ in range(n):
-            state["i"] += 1
-            p, s, loss = step(p, s, jax.random.fold_in(key, state["i"]))
-        jax.block_until_ready(loss)
-        state["p"], state["s"] = p, s
-
-    return run, model.num_params()
+    return _training_steps(loss_fn, params, opt, key), model.num_params()
 
 
 def torch_bbb_step(sizes):
@@ -145,7 +153,6 @@ def ours_lstm_step(resample: bool, batch: int = 64, T: int = 24):
     key = jax.random.PRNGKey(1)
     params = model.init(key, jnp.float32)
     opt = optax.adam(LR)
-    opt_state = opt.init(params)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((batch, T, 15)), jnp.float32)
     y = jnp.asarray(rng.standard_normal((batch, 1)), jnp.float32)
@@ -154,23 +161,7 @@ def ours_lstm_step(resample: bool, batch: int = 64, T: int = 24):
         out, kl = model.apply_and_kl(p, x, k)
         return jnp.mean((out - y) ** 2) + kl / 29_213
 
-    @jax.jit
-    def step(p, s, k):
-        loss, g = jax.value_and_grad(loss_fn)(p, k)
-        upd, s = opt.update(g, s, p)
-        return optax.apply_updates(p, upd), s, loss
-
-    state = {"p": params, "s": opt_state, "i": 0}
-
-    def run(n):
-        p, s = state["p"], state["s"]
-        for _ in range(n):
-            state["i"] += 1
-            p, s, loss = step(p, s, jax.random.fold_in(key, state["i"]))
-        jax.block_until_ready(loss)
-        state["p"], state["s"] = p, s
-
-    return run
+    return _training_steps(loss_fn, params, opt, key)
 
 
 def main(argv=None) -> int:
