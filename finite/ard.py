@@ -1,0 +1,808 @@
+"""Sparse Bayesian (ARD) networks for system identification: NARX regressors, group-ARD priors, Algorithm 1
+(re-weighted group lasso with Laplace-evidence hyperparameter updates and dynamic pruning), Laplace posteriors,
+free-run simulation and the ARD log density for HMC.
+
+Paper: Zhou, Ibrahim & Pan, "A Sparse Bayesian Deep Learning Approach for Identification of Cascaded Tanks
+Benchmark" (``../shared/papers/003_5058be57155de644.txt``; notes ``notes/003_sparse_bayes_sysid.md``). Section and
+equation numbers below are the paper's.
+
+Model (section 2, Eq. 4). ``z(t) = [u(t-n_a), ..., u(t), y(t-n_b), ..., y(t-1)]`` (oldest first, dimension
+``n_a + 1 + n_b``) and ``y(t) = Net(z(t)) + xi``, ``xi ~ N(0, sigma^2)``; ``Net`` an MLP with a linear scalar output.
+Weight matrices are stored ``W^l`` of shape ``(n_{l-1}, n_l)`` as in the paper, so a *row* holds the outgoing
+weights of one input node (row groups prune inputs / regressors) and a *column* the incoming weights of one node
+(column groups prune hidden nodes). Biases carry no prior and are never pruned.
+
+Prior (Eqs. 5-6, Table 1). Every weight ``w`` has ``N(0, upsilon_w)``. A *grouping* of a layer assigns each weight
+to one group ``g`` with a shared variance ``Upsilon_g``: ``"element"`` (plain ARD, one per weight), ``"row"``,
+``"column"``, ``"shape"`` (rectangular blocks) and ``"row+column"`` (two groupings at once; the weight's prior
+precision is the sum ``1/upsilon_w = 1/Upsilon^row_i + 1/Upsilon^col_j``, as the authors' code combines them).
+
+Algorithm 1 (one outer round ``t``; the order read off Eqs. 11-13, notes section 2.4):
+
+1. train ``min_W  MSE(W) + lam * sum_groups omega_g(t) ||W_g||_2`` with optax (Eq. 15; the element grouping gives
+   the weighted L1 penalty of Eq. 14, the others the group lasso of Table 1);
+2. the Hessian ``H`` of the data term ``E = SSE / (2 sigma^2)`` per layer at the trained weights (Eq. 19/21);
+3. ``Upsilon_g(t+1) = ||W_g(t+1)||_2 / omega_g(t)`` (Eq. 13 / Table 1);
+4. ``C = diag((Upsilon^{-1} + H)^{-1})`` (Eq. 11) and
+   ``alpha_g = sum_{w in g} (upsilon_w - C_ww) / Upsilon_g^2`` -- the gradient of the concave part
+   ``log|Upsilon| + log|Upsilon^{-1} + H|`` with respect to ``Upsilon_g`` (Eq. 34). For the element grouping it is
+   exactly Eq. 12, ``alpha = 1/upsilon - C/upsilon^2``; for a group it is the paper's sum over the group (Table 1);
+   ``omega_g(t+1) = sqrt(|alpha_g|)`` (``omega_reduce="mean"`` averages over the group as the authors' code);
+5. prune every weight with ``upsilon_w < kappa_upsilon`` or ``|W_w| < kappa_w`` (masks: a pruned weight stays 0).
+
+``upsilon_w - C_ww`` is evaluated in the scaled form ``upsilon_w [I - (I + S H S)^{-1}]_ww`` with
+``S = diag(sqrt(upsilon))``, which stays accurate when the variances span the clamp range ``[1e-10, 1e10]``
+(``(I + S H S)`` has eigenvalues >= 1); negative curvature of an indefinite ``H`` (tanh/sigmoid networks) is
+clamped to zero (eigenvalues for dense blocks, entries for the diagonal), the |alpha| of Table 1 guards the rest.
+
+Hessian options (``hessian=``): ``"exact"`` -- the layer block by ``jax.hessian``; ``"gauss-newton"`` -- the
+recursion of Eq. 21 without the ``D^l`` term, ``sum_t a_t a_t^T (x) G_t``; ``"kfac"`` -- its Kronecker
+factorisation ``N E[a a^T] (x) E[G_t]`` (Botev et al. 2017, with ``D^l``); ``"diagonal"`` -- the exact diagonal of
+the block, ``sum_t a_{t,i}^2 Hpre_t[j, j]`` from the per-sample pre-activation Hessians of Eq. 21. The dense
+options are refused for layers with more than ``dense_limit`` weights (the 100 x 100 layer of the one-step network
+would need a 10^4 x 10^4 block; use ``"diagonal"`` there).
+
+Everything of one Algorithm 1 run -- all epochs of all rounds, the Hessians, the updates, the pruning and the
+per-round evaluation -- is one compiled program (:func:`fit`); :func:`fit_repeats` vectorises repeats (initial
+weights, data weights and ``lam``) with ``vmap``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from finite.checks import check_positive
+
+__all__ = ["ACTIVATIONS", "GROUPS", "HESSIANS", "PENALTIES", "Layer", "ArdMLP", "mlp", "narx_regressors",
+           "Grouping", "groupings", "ArdConfig", "DEFAULT_CONFIG", "ArdState", "init_state", "penalty",
+           "layer_hessians", "preactivation_hessians", "hyper_update", "prune", "ArdFit", "fit", "fit_repeats",
+           "select_round", "fraction_remaining", "LaplacePosterior", "laplace", "sample_laplace", "simulate",
+           "simulation_rmse", "finetune_simulation", "log_density", "position_to_params", "init_position"]
+
+
+# ---------------------------------------------------------------------------
+# activations, network
+# ---------------------------------------------------------------------------
+
+def _relu_d1(h):
+    return (h > 0).astype(h.dtype)
+
+
+def _tanh_d1(h):
+    return 1.0 - jnp.tanh(h) ** 2
+
+
+def _tanh_d2(h):
+    t = jnp.tanh(h)
+    return -2.0 * t * (1.0 - t * t)
+
+
+def _sigmoid_d1(h):
+    s = jax.nn.sigmoid(h)
+    return s * (1.0 - s)
+
+
+def _sigmoid_d2(h):
+    s = jax.nn.sigmoid(h)
+    return s * (1.0 - s) * (1.0 - 2.0 * s)
+
+
+ACTIVATIONS: dict[str, tuple[Callable, Callable, Callable]] = {
+    "relu": (jax.nn.relu, _relu_d1, jnp.zeros_like),
+    "tanh": (jnp.tanh, _tanh_d1, _tanh_d2),
+    "sigmoid": (jax.nn.sigmoid, _sigmoid_d1, _sigmoid_d2),
+}
+
+
+class Layer(NamedTuple):
+    """One dense layer: ``W`` of shape ``(n_in, n_out)`` (rows = inputs), ``b`` of shape ``(n_out,)``."""
+
+    W: jax.Array
+    b: jax.Array
+
+
+class ArdMLP(NamedTuple):
+    """An MLP ``sizes[0] -> ... -> 1`` with a hidden ``activation`` and a linear scalar output (hashable: usable
+    as a static argument). Build it with :func:`mlp`."""
+
+    sizes: tuple
+    activation: str
+
+    @property
+    def shapes(self) -> tuple:
+        """``(n_in, n_out)`` of every weight matrix."""
+        return tuple(zip(self.sizes[:-1], self.sizes[1:]))
+
+    def num_weights(self) -> int:
+        """Number of weights (biases excluded: they carry no prior and are never pruned)."""
+        return sum(a * b for a, b in self.shapes)
+
+    def init(self, key, dtype=jnp.float32) -> tuple:
+        """Weights and biases ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (the common default of deep-learning
+        libraries, which the paper's authors used). Returns a tuple of :class:`Layer`."""
+        params = []
+        for k, (n_in, n_out) in zip(jax.random.split(key, len(self.shapes)), self.shapes):
+            kw, kb = jax.random.split(k)
+            s = 1.0 / math.sqrt(n_in)
+            params.append(Layer(jax.random.uniform(kw, (n_in, n_out), dtype, -s, s),
+                                jax.random.uniform(kb, (n_out,), dtype, -s, s)))
+        return tuple(params)
+
+    def forward(self, params, x):
+        """``(output (N,), pre-activations [h^1 .. h^L], inputs of each layer [a^0 .. a^{L-1}])``."""
+        f = ACTIVATIONS[self.activation][0]
+        a, hs, ins = x, [], []
+        for i, layer in enumerate(params):
+            ins.append(a)
+            h = a @ layer.W + layer.b
+            hs.append(h)
+            a = f(h) if i < len(params) - 1 else h
+        return a[..., 0], hs, ins
+
+    def apply(self, params, x):
+        """Network output for inputs ``x`` of shape ``(..., sizes[0])``: shape ``(...)``."""
+        return self.forward(params, x)[0]
+
+
+def mlp(sizes, activation: str = "relu") -> ArdMLP:
+    """An :class:`ArdMLP` with layer widths ``sizes`` (input dimension first, output 1 last), e.g. the paper's
+    one-step network ``mlp((11, 100, 100, 1))`` and simulation network ``mlp((39, 10, 10, 10, 1))``.
+
+    Args: ``sizes`` a sequence of positive ints ending in 1; ``activation`` one of ``"relu"``, ``"tanh"``,
+    ``"sigmoid"``. Returns: the spec. Raises ``ValueError`` naming a bad argument."""
+    sizes = tuple(int(s) for s in sizes)
+    if len(sizes) < 2 or any(s < 1 for s in sizes):
+        raise ValueError(f"mlp: sizes must be >= 2 positive widths, got {sizes}")
+    if sizes[-1] != 1:
+        raise ValueError(f"mlp: the output width must be 1 (scalar y(t)), got {sizes[-1]}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"mlp: unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
+    return ArdMLP(sizes, activation)
+
+
+def narx_regressors(u, y, n_a: int, n_b: int | None = None):
+    """NARX regressors ``z(t) = [u(t-n_a), ..., u(t), y(t-n_b), ..., y(t-1)]`` and targets ``y(t)`` for
+    ``t = m, ..., T-1``, ``m = max(n_a, n_b)`` (the first ``m`` samples only serve as lags).
+
+    Args: ``u``, ``y`` 1-D records of equal length ``T > m``; ``n_a`` the input lag (>= 0); ``n_b`` the output lag
+    (>= 1, default ``n_a``). Returns: ``(Z (T-m, n_a+1+n_b), targets (T-m,))``.
+    """
+    n_b = n_a if n_b is None else n_b
+    if int(n_a) != n_a or n_a < 0 or int(n_b) != n_b or n_b < 1:
+        raise ValueError(f"narx_regressors: lags must be integers n_a >= 0 and n_b >= 1, got {n_a}, {n_b}")
+    u, y = jnp.asarray(u), jnp.asarray(y)
+    if u.ndim != 1 or y.shape != u.shape:
+        raise ValueError(f"narx_regressors: u and y must be 1-D of equal length, got {u.shape} and {y.shape}")
+    m = max(n_a, n_b)
+    T = u.shape[0]
+    if T <= m:
+        raise ValueError(f"narx_regressors: a record of {T} samples is too short for lags {n_a}, {n_b}")
+    t = np.arange(m, T)
+    Z = jnp.concatenate([u[t[:, None] + np.arange(-n_a, 1)], y[t[:, None] + np.arange(-n_b, 0)]], axis=1)
+    return Z, y[m:]
+
+
+# ---------------------------------------------------------------------------
+# groupings and the weighted (group) lasso
+# ---------------------------------------------------------------------------
+
+GROUPS = ("element", "row", "column", "row+column", "shape")
+HESSIANS = ("exact", "gauss-newton", "kfac", "diagonal")
+PENALTIES = ("lasso", "l2", "none")
+
+
+class Grouping(NamedTuple):
+    """Group index of every weight of one layer (``ids`` of the layer's shape, values ``0 .. num - 1``)."""
+
+    ids: np.ndarray
+    num: int
+
+
+def groupings(shape, group: str, block=(2, 2)) -> tuple:
+    """The groupings of a layer of ``shape = (n_in, n_out)`` for ``group`` (one of :data:`GROUPS`; ``"shape"``
+    uses rectangular blocks of ``block = (rows, cols)``, the last ones smaller). Returns a tuple of
+    :class:`Grouping` (two for ``"row+column"``, else one)."""
+    n_in, n_out = shape
+    i, j = np.meshgrid(np.arange(n_in), np.arange(n_out), indexing="ij")
+    if group == "element":
+        return (Grouping(i * n_out + j, n_in * n_out),)
+    if group == "row":
+        return (Grouping(i, n_in),)
+    if group == "column":
+        return (Grouping(j, n_out),)
+    if group == "row+column":
+        return (Grouping(i, n_in), Grouping(j, n_out))
+    if group == "shape":
+        p, q = (int(v) for v in block)
+        if p < 1 or q < 1:
+            raise ValueError(f"groupings: block sizes must be positive, got {block}")
+        per_row = -(-n_out // q)
+        return (Grouping((i // p) * per_row + j // q, (-(-n_in // p)) * per_row),)
+    raise ValueError(f"groupings: unknown group {group!r}; choose from {GROUPS}")
+
+
+def _group_norms(W, g: Grouping):
+    sq = jax.ops.segment_sum(jnp.ravel(W * W), jnp.asarray(g.ids.ravel()), num_segments=g.num)
+    positive = sq > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)  # subgradient 0 at W_g = 0
+
+
+class ArdConfig(NamedTuple):
+    """Settings of one Algorithm 1 run (hashable, a static argument of the compiled program).
+
+    * ``group``: one of :data:`GROUPS`; ``block`` the ``"shape"`` block.
+    * ``penalty``: ``"lasso"`` (the weighted (group) lasso), ``"l2"`` (weight decay ``lam * sum W^2``),
+      ``"none"``; ``reweight``: Algorithm 1's Bayesian re-weighting and variance pruning (``False``: the
+      conventional penalty with ``omega = 1`` and magnitude pruning only).
+    * ``rounds`` (T_max), ``epochs`` per round (full batch), ``learning_rate`` of Adam; ``schedule``
+      ``"cosine"`` (annealed to 0 over all rounds, as the authors' code) or ``"constant"``.
+    * ``hessian``: one of :data:`HESSIANS`; ``dense_limit`` the largest layer for the dense options.
+    * ``kappa_upsilon``, ``kappa_w``: pruning thresholds (``kappa_w`` also applies without re-weighting;
+      ``penalty="none"`` never prunes).
+    * ``noise_var``: ``sigma^2`` of the data term; ``None`` re-estimates it each round as the training MSE.
+    * ``omega_reduce``: ``"sum"`` (the derivation, Table 1) or ``"mean"`` (the authors' code).
+    * ``clamp``: the range of variances and omegas.
+    """
+
+    group: str = "row+column"
+    block: tuple = (2, 2)
+    penalty: str = "lasso"
+    reweight: bool = True
+    rounds: int = 10
+    epochs: int = 1000
+    learning_rate: float = 1e-2
+    schedule: str = "cosine"
+    hessian: str = "diagonal"
+    dense_limit: int = 4096
+    kappa_upsilon: float = 1e-4
+    kappa_w: float = 1e-4
+    noise_var: float | None = None
+    omega_reduce: str = "sum"
+    clamp: tuple = (1e-10, 1e10)
+
+    def check(self, model: ArdMLP | None = None) -> ArdConfig:
+        """Validate every field (``ValueError`` naming it); with ``model``, also that the dense Hessian fits."""
+        if self.group not in GROUPS:
+            raise ValueError(f"ArdConfig: unknown group {self.group!r}; choose from {GROUPS}")
+        if self.penalty not in PENALTIES:
+            raise ValueError(f"ArdConfig: unknown penalty {self.penalty!r}; choose from {PENALTIES}")
+        if self.hessian not in HESSIANS:
+            raise ValueError(f"ArdConfig: unknown hessian {self.hessian!r}; choose from {HESSIANS}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"ArdConfig: schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        if self.omega_reduce not in ("sum", "mean"):
+            raise ValueError(f"ArdConfig: omega_reduce must be 'sum' or 'mean', got {self.omega_reduce!r}")
+        for name in ("rounds", "epochs"):
+            v = getattr(self, name)
+            if int(v) != v or v < 1:
+                raise ValueError(f"ArdConfig: {name} must be a positive integer, got {v!r}")
+        check_positive(self.learning_rate, "learning_rate", "ArdConfig")
+        for name in ("kappa_upsilon", "kappa_w"):
+            if not (getattr(self, name) >= 0):
+                raise ValueError(f"ArdConfig: {name} must be >= 0, got {getattr(self, name)!r}")
+        if self.noise_var is not None:
+            check_positive(self.noise_var, "noise_var", "ArdConfig")
+        lo, hi = self.clamp
+        if not (0 < lo < hi):
+            raise ValueError(f"ArdConfig: clamp must be 0 < low < high, got {self.clamp}")
+        if model is not None and self.reweight and self.penalty == "lasso" and self.hessian != "diagonal":
+            for idx, (a, b) in enumerate(model.shapes):
+                if a * b > self.dense_limit:
+                    raise ValueError(
+                        f"ArdConfig: hessian={self.hessian!r} needs a dense {a * b} x {a * b} block for layer {idx} "
+                        f"({a} x {b}), above dense_limit={self.dense_limit}; use hessian='diagonal'")
+        return self
+
+
+DEFAULT_CONFIG = ArdConfig()
+
+
+def _layer_groupings(model: ArdMLP, config: ArdConfig) -> tuple:
+    return tuple(groupings(s, config.group, config.block) for s in model.shapes)
+
+
+class ArdState(NamedTuple):
+    """Hyperparameters of Algorithm 1: ``omega`` (per layer, per grouping, ``(num_groups,)``), ``upsilon``
+    (per layer, the per-weight prior variance, ``(n_in, n_out)``), ``masks`` (per layer, 1 = kept) and
+    ``sigma2`` (the noise variance of the data term)."""
+
+    omega: tuple
+    upsilon: tuple
+    masks: tuple
+    sigma2: jax.Array
+
+
+def init_state(model: ArdMLP, config: ArdConfig, dtype=jnp.float32) -> ArdState:
+    """``omega(0) = 1``, ``Upsilon(0) = 1`` (Algorithm 1's initialisation), every weight kept, ``sigma2 = 1``."""
+    gs = _layer_groupings(model, config)
+    return ArdState(tuple(tuple(jnp.ones(g.num, dtype) for g in lg) for lg in gs),
+                    tuple(jnp.ones(s, dtype) for s in model.shapes),
+                    tuple(jnp.ones(s, dtype) for s in model.shapes), jnp.asarray(1.0, dtype))
+
+
+def penalty(params, state: ArdState, model: ArdMLP, config: ArdConfig):
+    """``sum_l sum_groupings sum_g omega_g ||W_g||_2`` (``"lasso"``; element groups give the weighted L1 norm),
+    ``sum W^2`` (``"l2"``) or 0 (``"none"``), without the factor ``lam``."""
+    if config.penalty == "none":
+        return jnp.zeros((), params[0].W.dtype)
+    if config.penalty == "l2":
+        return sum(jnp.sum(p.W ** 2) for p in params)
+    total = 0.0
+    for p, lg, om in zip(params, _layer_groupings(model, config), state.omega):
+        for g, o in zip(lg, om):
+            total = total + jnp.sum(o * _group_norms(p.W, g))
+    return total
+
+
+def _weighted_mse(model, params, Z, y, w):
+    r = model.apply(params, Z) - y
+    return jnp.sum(w * r * r) / jnp.sum(w)
+
+
+# ---------------------------------------------------------------------------
+# Hessians of the data term E = sum_t w_t (f_t - y_t)^2 / (2 sigma^2), per layer (Eqs. 19-21)
+# ---------------------------------------------------------------------------
+
+def preactivation_hessians(model: ArdMLP, params, Z, y, w, sigma2, *, gauss_newton: bool = False):
+    """Per-sample pre-activation Hessians ``Hpre^l_t = d^2 E_t / dh^l dh^l`` by the backward recursion of Eq. 21,
+    ``Hpre^l = B^l W^{l+1} Hpre^{l+1} W^{l+1 T} B^l + D^l`` (``B = diag f'(h)``, ``D = diag(f''(h) dE/da)``; without
+    ``D`` with ``gauss_newton``), from ``Hpre^L = w_t / sigma^2`` at the linear output. Exact for one sample of an
+    MLP. Returns ``(list of (N, n_l, n_l) per layer, list of layer inputs a^{l-1} (N, n_{l-1}))``."""
+    _, d1, d2 = ACTIVATIONS[model.activation]
+    f, hs, ins = model.forward(params, Z)
+    L = len(params)
+    g_h = (w * (f - y) / sigma2)[:, None]  # dE_t/dh^L
+    H = (w / sigma2)[:, None, None] * jnp.ones((1, 1, 1), Z.dtype)
+    out = [None] * L
+    out[L - 1] = H
+    for l in range(L - 2, -1, -1):
+        Wn = params[l + 1].W
+        g_a = g_h @ Wn.T
+        Ha = jnp.einsum("ij,tjk,lk->til", Wn, H, Wn)
+        b = d1(hs[l])
+        H = b[:, :, None] * Ha * b[:, None, :]
+        if not gauss_newton:
+            H = H + jax.vmap(jnp.diag)(d2(hs[l]) * g_a)
+        g_h = b * g_a
+        out[l] = H
+    return out, ins
+
+
+def layer_hessians(model: ArdMLP, params, Z, y, w, sigma2, kind: str = "diagonal") -> tuple:
+    """The Hessian of ``E`` with respect to each layer's weights (vectorised row-major: weight ``(i, j)`` is index
+    ``i * n_out + j``), holding the other layers fixed (Eq. 19). ``kind`` one of :data:`HESSIANS` (module
+    docstring). Returns per layer a dense ``(n, n)`` block, or for ``"diagonal"`` the ``(n_in, n_out)`` diagonal."""
+    if kind not in HESSIANS:
+        raise ValueError(f"layer_hessians: unknown kind {kind!r}; choose from {HESSIANS}")
+    if kind == "exact":
+        blocks = []
+        for l, (n_in, n_out) in enumerate(model.shapes):
+            def E(vecW, l=l, n_in=n_in, n_out=n_out):
+                ps = list(params)
+                ps[l] = Layer(vecW.reshape(n_in, n_out), params[l].b)
+                r = model.apply(tuple(ps), Z) - y
+                return 0.5 * jnp.sum(w * r * r) / sigma2
+            blocks.append(jax.hessian(E)(params[l].W.ravel()))
+        return tuple(blocks)
+    Hpre, ins = preactivation_hessians(model, params, Z, y, w, sigma2, gauss_newton=(kind == "gauss-newton"))
+    out = []
+    for a, Hp, (n_in, n_out) in zip(ins, Hpre, model.shapes):
+        if kind == "diagonal":
+            out.append(jnp.einsum("ti,tj->ij", a * a, jnp.diagonal(Hp, axis1=1, axis2=2)))
+        elif kind == "gauss-newton":
+            out.append(jnp.einsum("ti,tk,tjl->ijkl", a, a, Hp).reshape(n_in * n_out, n_in * n_out))
+        else:  # kfac: N E[a a^T] (x) E[Hpre]  (weights w_t are already inside Hpre)
+            n = a.shape[0]
+            out.append(jnp.kron(a.T @ a / n, jnp.sum(Hp, axis=0)))
+    return tuple(out)
+
+
+def _clamp_psd(H):
+    lam, U = jnp.linalg.eigh(0.5 * (H + H.T))
+    return (U * jnp.clip(lam, 0.0, None)) @ U.T
+
+
+def _shrink(upsilon, H):
+    """``upsilon_w - C_ww`` with ``C = (diag(1/upsilon) + H)^{-1}`` in the scaled form (module docstring), and
+    ``C_ww`` itself; ``H`` dense ``(n, n)`` or the ``(n_in, n_out)`` diagonal. Negative curvature clamped."""
+    if H.ndim == upsilon.ndim and H.shape == upsilon.shape:  # diagonal
+        h = jnp.clip(H, 0.0, None)
+        C = upsilon / (1.0 + upsilon * h)
+        return upsilon - C, C
+    u = upsilon.ravel()
+    s = jnp.sqrt(u)
+    M = jnp.eye(u.size, dtype=H.dtype) + s[:, None] * _clamp_psd(H) * s[None, :]
+    Lc = jnp.linalg.cholesky(M)
+    Linv = jax.scipy.linalg.solve_triangular(Lc, jnp.eye(u.size, dtype=H.dtype), lower=True)
+    r = jnp.sum(Linv * Linv, axis=0)  # diag(M^{-1})
+    return (u * (1.0 - r)).reshape(upsilon.shape), (u * r).reshape(upsilon.shape)
+
+
+def _combine(variances):
+    """Per-weight variance from the groupings' variances: ``1 / sum_k 1/upsilon^k``."""
+    if len(variances) == 1:
+        return variances[0]
+    return 1.0 / sum(1.0 / v for v in variances)
+
+
+def hyper_update(params, state: ArdState, hessians, model: ArdMLP, config: ArdConfig) -> ArdState:
+    """Steps 3-4 of a round (Eqs. 11-13, Table 1; module docstring): the new variances ``Upsilon(t+1) =
+    ||W_g|| / omega(t)`` and weights ``omega(t+1) = sqrt(|alpha|)``, clamped to ``config.clamp``. Masks and
+    ``sigma2`` are kept (see :func:`prune`)."""
+    lo, hi = config.clamp
+    new_omega, new_upsilon = [], []
+    for p, lg, om, m, H in zip(params, _layer_groupings(model, config), state.omega, state.masks, hessians):
+        W = p.W * m
+        per_group = [jnp.clip(_group_norms(W, g) / om_k, lo, hi) for g, om_k in zip(lg, om)]
+        ups = _combine([v[jnp.asarray(g.ids)] for v, g in zip(per_group, lg)])
+        shrink, _ = _shrink(ups, H)
+        omegas = []
+        for g, v in zip(lg, per_group):
+            alpha = jax.ops.segment_sum(shrink.ravel(), jnp.asarray(g.ids.ravel()), num_segments=g.num) / v ** 2
+            if config.omega_reduce == "mean":
+                alpha = alpha / np.bincount(g.ids.ravel(), minlength=g.num)
+            omegas.append(jnp.clip(jnp.sqrt(jnp.abs(alpha)), lo, hi))
+        new_omega.append(tuple(omegas))
+        new_upsilon.append(ups)
+    return state._replace(omega=tuple(new_omega), upsilon=tuple(new_upsilon))
+
+
+def prune(params, state: ArdState, config: ArdConfig, *, use_upsilon: bool = True):
+    """Step 5 (dynamic pruning): drop weights with ``upsilon < kappa_upsilon`` (when ``use_upsilon``) or
+    ``|W| < kappa_w``. Masks only ever lose entries. Returns ``(masked params, state with the new masks)``."""
+    masks = []
+    for p, m, u in zip(params, state.masks, state.upsilon):
+        keep = jnp.abs(p.W) >= config.kappa_w
+        if use_upsilon:
+            keep = keep & (u >= config.kappa_upsilon)
+        masks.append(m * keep.astype(m.dtype))
+    params = tuple(Layer(p.W * m, p.b) for p, m in zip(params, masks))
+    return params, state._replace(masks=tuple(masks))
+
+
+def fraction_remaining(masks) -> jax.Array:
+    """Fraction of weights kept (the paper's Table 2 "sparsity"), over all layers."""
+    return sum(jnp.sum(m) for m in masks) / sum(m.size for m in masks)
+
+
+# ---------------------------------------------------------------------------
+# Algorithm 1 as one compiled program
+# ---------------------------------------------------------------------------
+
+class ArdFit(NamedTuple):
+    """One Algorithm 1 run (leading axis ``rounds``; with :func:`fit_repeats` a repeat axis before it).
+
+    ``params`` and ``state`` after every round's pruning, ``train_mse`` after every round, ``loss`` (the
+    training objective at every epoch, shape ``(rounds, epochs)``) and ``metrics`` (the user's ``evaluate``
+    after every round)."""
+
+    params: Any
+    state: ArdState
+    train_mse: jax.Array
+    loss: jax.Array
+    metrics: dict
+
+
+def _schedule(config: ArdConfig):
+    if config.schedule == "cosine":
+        return optax.cosine_decay_schedule(config.learning_rate, config.rounds * config.epochs)
+    return config.learning_rate
+
+
+def _run(model: ArdMLP, config: ArdConfig, evaluate, params, Z, y, w, lam):
+    opt = optax.adam(_schedule(config))
+    state = init_state(model, config, Z.dtype)
+    use_penalty = config.penalty != "none"
+
+    def objective(p, st):
+        data = _weighted_mse(model, p, Z, y, w)
+        return data + lam * penalty(p, st, model, config) if use_penalty else data
+
+    grad = jax.value_and_grad(objective)
+
+    def epoch(carry, _):
+        p, o, st = carry
+        loss, g = grad(p, st)
+        g = tuple(Layer(gl.W * m, gl.b) for gl, m in zip(g, st.masks))
+        upd, o = opt.update(g, o, p)
+        p = optax.apply_updates(p, upd)
+        p = tuple(Layer(pl.W * m, pl.b) for pl, m in zip(p, st.masks))
+        return (p, o, st), loss
+
+    def one_round(carry, _):
+        p, o, st = carry
+        (p, o, st), losses = jax.lax.scan(epoch, (p, o, st), None, length=config.epochs)
+        mse = _weighted_mse(model, p, Z, y, w)
+        if config.noise_var is None:
+            st = st._replace(sigma2=jnp.maximum(mse, 1e-12).astype(Z.dtype))
+        else:
+            st = st._replace(sigma2=jnp.asarray(config.noise_var, Z.dtype))
+        bayes = config.reweight and config.penalty == "lasso"
+        if bayes:
+            H = layer_hessians(model, p, Z, y, w, st.sigma2, config.hessian)
+            st = hyper_update(p, st, H, model, config)
+        if use_penalty:
+            p, st = prune(p, st, config, use_upsilon=bayes)
+        metrics = evaluate(p) if evaluate is not None else {}
+        return (p, o, st), (p, st, mse, losses, metrics)
+
+    _, (ps, sts, mses, losses, metrics) = jax.lax.scan(one_round, (params, opt.init(params), state), None,
+                                                      length=config.rounds)
+    return ArdFit(ps, sts, mses, losses, metrics)
+
+
+def _check_data(Z, y, w, model, who):
+    Z, y = jnp.asarray(Z), jnp.asarray(y)
+    if Z.ndim != 2 or Z.shape[1] != model.sizes[0]:
+        raise ValueError(f"{who}: Z must have shape (N, {model.sizes[0]}), got {Z.shape}")
+    if y.shape != (Z.shape[0],):
+        raise ValueError(f"{who}: y must have shape ({Z.shape[0]},), got {y.shape}")
+    if not (bool(jnp.all(jnp.isfinite(Z))) and bool(jnp.all(jnp.isfinite(y)))):
+        raise ValueError(f"{who}: Z and y must be finite (NaN or inf found)")
+    if w is None:
+        w = jnp.ones(y.shape, Z.dtype)
+    w = jnp.asarray(w, Z.dtype)
+    if w.shape[-1] != y.shape[0] or bool(jnp.any(w < 0)) or bool(jnp.any(jnp.sum(w, axis=-1) <= 0)):
+        raise ValueError(f"{who}: sample weights must be >= 0 with a positive sum and last axis {y.shape[0]}, "
+                         f"got shape {w.shape}")
+    return Z, y.astype(Z.dtype), w
+
+
+_run_jit = jax.jit(_run, static_argnums=(0, 1, 2))
+_run_repeats = jax.jit(jax.vmap(_run, in_axes=(None, None, None, 0, None, None, 0, 0)), static_argnums=(0, 1, 2))
+
+
+def fit(model: ArdMLP, key, Z, y, config: ArdConfig = DEFAULT_CONFIG, *, lam: float = 1e-3, weights=None,
+        params=None, evaluate: Callable | None = None) -> ArdFit:
+    """Algorithm 1 (or a conventional baseline, per ``config``) from ``model.init(key)``, as one compiled
+    program.
+
+    Args:
+      model: an :class:`ArdMLP`; key: PRNG key of the initial weights (ignored when ``params`` is given).
+      Z, y: regressors ``(N, d)`` and targets ``(N,)`` (e.g. from :func:`narx_regressors`).
+      config: :class:`ArdConfig`; lam: the penalty weight ``lambda`` (Eq. 15).
+      weights: optional sample weights ``(N,)`` (0/1 selects a training subset without changing shapes).
+      evaluate: optional ``params -> dict of scalars`` run after every round inside the program (validation
+        RMSE, free-run RMSE, ...); pass the same function object to reuse the compiled program.
+    Returns: :class:`ArdFit` with a leading ``rounds`` axis.
+    """
+    config.check(model)
+    Z, y, w = _check_data(Z, y, weights, model, "fit")
+    if w.ndim != 1:
+        raise ValueError(f"fit: weights must have shape ({y.shape[0]},), got {w.shape}")
+    params = model.init(key, Z.dtype) if params is None else params
+    return _run_jit(model, config, evaluate, params, Z, y, w, jnp.asarray(lam, Z.dtype))
+
+
+def fit_repeats(model: ArdMLP, keys, Z, y, config: ArdConfig = DEFAULT_CONFIG, *, lam=1e-3, weights=None,
+                evaluate: Callable | None = None) -> ArdFit:
+    """:func:`fit` for many repeats at once (one ``vmap``-ed program): ``keys`` ``(R, 2)`` initial-weight keys,
+    ``lam`` a scalar or ``(R,)`` (a lambda grid is a repeat axis), ``weights`` ``None``, ``(N,)`` or ``(R, N)``
+    (random training subsets). Returns :class:`ArdFit` with leading axes ``(R, rounds)``."""
+    config.check(model)
+    keys = jnp.asarray(keys)
+    R = keys.shape[0]
+    Z, y, w = _check_data(Z, y, weights, model, "fit_repeats")
+    w = jnp.broadcast_to(w, (R, y.shape[0]))
+    lam = jnp.broadcast_to(jnp.asarray(lam, Z.dtype), (R,))
+    params = jax.vmap(lambda k: model.init(k, Z.dtype))(keys)
+    return _run_repeats(model, config, evaluate, params, Z, y, w, lam)
+
+
+def select_round(result: ArdFit, score, r: int | None = None):
+    """The parameters, state and index of the round with the lowest ``score`` (``(rounds,)``; or ``(R, rounds)``
+    with ``r`` the repeat). Model selection belongs on validation scores, never on the test record."""
+    s = np.asarray(score if r is None else score[r])
+    best = int(np.nanargmin(s))
+    pick = (lambda a: a[best]) if r is None else (lambda a: a[r, best])
+    return jax.tree_util.tree_map(pick, result.params), jax.tree_util.tree_map(pick, result.state), best
+
+
+# ---------------------------------------------------------------------------
+# Laplace posterior (Eq. 22) and predictive sampling
+# ---------------------------------------------------------------------------
+
+class LaplacePosterior(NamedTuple):
+    """Per-layer Gaussian ``N(W*, (H + Upsilon^{-1})^{-1})`` over the kept weights (Eq. 22b; mean at the trained
+    weights, the Newton step of Eq. 22a being zero at an optimum). ``factors`` per layer: a matrix ``F`` with
+    ``F F^T`` the covariance of the row-major vectorised weights (dense Hessians), or the ``(n_in, n_out)``
+    standard deviations (diagonal). Pruned weights have zero variance; biases are held at their trained values."""
+
+    mean: tuple
+    factors: tuple
+    masks: tuple
+
+
+def laplace(model: ArdMLP, params, state: ArdState, Z, y, *, weights=None, hessian: str = "exact") -> LaplacePosterior:
+    """The Laplace posterior of every layer at ``params`` with the prior variances ``state.upsilon`` (zero for
+    pruned weights) and noise ``state.sigma2``; ``hessian`` one of :data:`HESSIANS`."""
+    Z, y, w = _check_data(Z, y, weights, model, "laplace")
+    H = layer_hessians(model, params, Z, y, w, state.sigma2, hessian)
+    factors = []
+    for Hl, u, m in zip(H, state.upsilon, state.masks):
+        v = u * m
+        if hessian == "diagonal":
+            factors.append(jnp.sqrt(v / (1.0 + v * jnp.clip(Hl, 0.0, None))))
+            continue
+        s = jnp.sqrt(v.ravel())
+        lam, U = jnp.linalg.eigh(jnp.eye(s.size, dtype=Hl.dtype) + s[:, None] * _clamp_psd(Hl) * s[None, :])
+        factors.append(s[:, None] * U / jnp.sqrt(lam)[None, :])  # S M^{-1/2}: (S M^{-1/2})(.)^T = S M^{-1} S
+    return LaplacePosterior(tuple(params), tuple(factors), tuple(state.masks))
+
+
+def sample_laplace(key, post: LaplacePosterior, num_samples: int):
+    """``num_samples`` parameter draws from :class:`LaplacePosterior` (stacked on a leading axis)."""
+    def one(k):
+        out = []
+        for kk, p, F, m in zip(jax.random.split(k, len(post.mean)), post.mean, post.factors, post.masks):
+            if F.shape == p.W.shape:
+                W = p.W + F * jax.random.normal(kk, p.W.shape, p.W.dtype)
+            else:
+                W = p.W + (F @ jax.random.normal(kk, (F.shape[1],), p.W.dtype)).reshape(p.W.shape)
+            out.append(Layer(W * m, p.b))
+        return tuple(out)
+    return jax.vmap(one)(jax.random.split(key, num_samples))
+
+
+# ---------------------------------------------------------------------------
+# free-run simulation
+# ---------------------------------------------------------------------------
+
+def simulate(model: ArdMLP, params, u, y, n_a: int, n_b: int | None = None, *, feedback: str = "model"):
+    """Simulated output over a record: the first ``m = max(n_a, n_b)`` outputs are the measured ones, every later
+    ``y(t)`` is ``Net(z(t))`` with the past outputs in ``z(t)`` taken from the simulation (``feedback="model"``,
+    free run, a ``lax.scan``) or from ``y`` (``feedback="measured"``: the one-step-ahead predictor). The input
+    ``u`` is always the measured one. Returns ``(T,)``."""
+    n_b = n_a if n_b is None else n_b
+    u, y = jnp.asarray(u), jnp.asarray(y)
+    m = max(n_a, n_b)
+    if feedback == "measured":
+        Z, _ = narx_regressors(u, y, n_a, n_b)
+        return jnp.concatenate([y[:m], model.apply(params, Z)])
+    if feedback != "model":
+        raise ValueError(f"simulate: feedback must be 'model' or 'measured', got {feedback!r}")
+    if u.ndim != 1 or y.shape != u.shape or u.shape[0] <= m:
+        raise ValueError(f"simulate: u and y must be 1-D of equal length > {m}, got {u.shape} and {y.shape}")
+
+    def step(buf, t):
+        z = jnp.concatenate([jax.lax.dynamic_slice(u, (t - n_a,), (n_a + 1,)), buf])
+        yt = model.apply(params, z[None])[0]
+        return jnp.concatenate([buf[1:], yt[None]]), yt
+
+    _, ys = jax.lax.scan(step, y[m - n_b:m], jnp.arange(m, u.shape[0]))
+    return jnp.concatenate([y[:m], ys])
+
+
+def simulation_rmse(y_sim, y, m: int, *, include_initial: bool = True):
+    """RMSE of a simulated record over all samples (the paper's Eq. 17 divides by the record length, the first
+    ``m`` samples being measured) or only over ``t >= m``."""
+    r = jnp.asarray(y_sim) - jnp.asarray(y)
+    if not include_initial:
+        r = r[..., m:]
+    return jnp.sqrt(jnp.mean(r * r, axis=-1))
+
+
+def finetune_simulation(model: ArdMLP, params, masks, u, y, n_a: int, n_b: int | None = None, *,
+                        epochs: int = 500, learning_rate: float = 1e-3, windows: int | None = None,
+                        window_length: int | None = None, key=None):
+    """Our addition: fine-tune a one-step-trained network on the free-run (simulation) error of the record
+    ``(u, y)``, the gradient taken through the ``lax.scan`` of :func:`simulate`; pruned weights stay pruned.
+    With ``windows``/``window_length`` the loss averages free runs over that many random sub-records (started
+    from measured outputs) instead of the whole record, which keeps the gradient of a long unstable run in check.
+    Returns ``(params, losses (epochs,))``."""
+    n_b = n_a if n_b is None else n_b
+    m = max(n_a, n_b)
+    u, y = jnp.asarray(u), jnp.asarray(y)
+    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, epochs))
+    T = u.shape[0]
+    if windows is not None:
+        if window_length is None or not (m < window_length <= T):
+            raise ValueError(f"finetune_simulation: window_length must be in ({m}, {T}], got {window_length}")
+        key = jax.random.PRNGKey(0) if key is None else key
+
+    def loss_fn(p, k):
+        if windows is None:
+            r = simulate(model, p, u, y, n_a, n_b)[m:] - y[m:]
+            return jnp.mean(r * r)
+        starts = jax.random.randint(k, (windows,), 0, T - window_length + 1)
+
+        def one(s):
+            us = jax.lax.dynamic_slice(u, (s,), (window_length,))
+            ysl = jax.lax.dynamic_slice(y, (s,), (window_length,))
+            r = simulate(model, p, us, ysl, n_a, n_b)[m:] - ysl[m:]
+            return jnp.mean(r * r)
+        return jnp.mean(jax.vmap(one)(starts))
+
+    @jax.jit
+    def train(p):
+        def step(carry, e):
+            p, o = carry
+            k = jax.random.fold_in(key, e) if key is not None else None
+            loss, g = jax.value_and_grad(loss_fn)(p, k)
+            g = tuple(Layer(gl.W * mm, gl.b) for gl, mm in zip(g, masks))
+            upd, o = opt.update(g, o, p)
+            p = optax.apply_updates(p, upd)
+            return (tuple(Layer(pl.W * mm, pl.b) for pl, mm in zip(p, masks)), o), loss
+        (p, _), losses = jax.lax.scan(step, (p, opt.init(p)), jnp.arange(epochs))
+        return p, losses
+    return train(tuple(params))
+
+
+# ---------------------------------------------------------------------------
+# ARD log density for HMC (samplers.ard drives it)
+# ---------------------------------------------------------------------------
+
+def position_to_params(position, model: ArdMLP, group: str, block=(2, 2), fixed_variances=None):
+    """Network parameters from an HMC position (non-centred: ``W = sqrt(upsilon) * z``, ``upsilon`` the combined
+    per-weight variance of the groupings' ``exp(log_var)``, or ``fixed_variances`` per layer). Returns
+    ``(params, per-layer upsilon)``."""
+    out, ups = [], []
+    for l, shape in enumerate(model.shapes):
+        layer = position["layers"][l]
+        if fixed_variances is not None:
+            v = jnp.broadcast_to(jnp.asarray(fixed_variances[l], layer["z"].dtype), shape)
+        else:
+            lg = groupings(shape, group, block)
+            v = _combine([jnp.exp(lv)[jnp.asarray(g.ids)] for lv, g in zip(position["log_var"][l], lg)])
+        out.append(Layer(jnp.sqrt(v) * layer["z"], layer["b"]))
+        ups.append(v)
+    return tuple(out), tuple(ups)
+
+
+def init_position(key, model: ArdMLP, group: str, block=(2, 2), fixed_variances=None, params=None):
+    """A starting HMC position: ``z`` from ``params`` (e.g. Algorithm 1's weights, with unit variances) or
+    standard normal, zero biases, ``log_var = 0``."""
+    layers = []
+    keys = jax.random.split(key, len(model.shapes))
+    for l, (k, shape) in enumerate(zip(keys, model.shapes)):
+        z = params[l].W if params is not None else jax.random.normal(k, shape)
+        b = params[l].b if params is not None else jnp.zeros(shape[1])
+        layers.append({"z": jnp.asarray(z), "b": jnp.asarray(b)})
+    pos = {"layers": tuple(layers)}
+    if fixed_variances is None:
+        pos["log_var"] = tuple(tuple(jnp.zeros(g.num) for g in groupings(s, group, block)) for s in model.shapes)
+    return pos
+
+
+def log_density(model: ArdMLP, Z, y, sigma2: float, *, group: str = "row+column", block=(2, 2),
+                hyper=(1.0, 1e-2), bias_var: float = 1.0, fixed_variances=None) -> Callable:
+    """The log posterior of the ARD / group-ARD network for HMC, in the non-centred parameterisation of
+    :func:`position_to_params`:
+
+        log N(y | Net(Z; W, b), sigma^2 I) + sum log N(z | 0, 1) + sum log N(b | 0, bias_var)
+        + sum_groups [log InvGamma(Upsilon_g | a, b) + log Upsilon_g]        (the last term: d Upsilon / d log)
+
+    ``hyper = (a, b)`` the inverse-gamma hyper-prior on every group variance (a proper version of the paper's
+    flat Gamma(0, 0) hyper-prior, which has no normalisable posterior); ``fixed_variances`` (per layer, scalar or
+    ``(n_in, n_out)``) drops the hyper-prior and fixes the variances (the Gaussian linear model of the tests).
+    Returns ``position -> scalar``."""
+    Z, y = jnp.asarray(Z), jnp.asarray(y)
+    sigma2 = check_positive(sigma2, "sigma2", "log_density")
+    bias_var = check_positive(bias_var, "bias_var", "log_density")
+    a0 = check_positive(hyper[0], "hyper[0]", "log_density")
+    b0 = check_positive(hyper[1], "hyper[1]", "log_density")
+    if group not in GROUPS:
+        raise ValueError(f"log_density: unknown group {group!r}; choose from {GROUPS}")
+    n = y.shape[0]
+    const = -0.5 * n * math.log(2 * math.pi * sigma2)
+
+    def logp(position):
+        params, _ = position_to_params(position, model, group, block, fixed_variances)
+        r = model.apply(params, Z) - y
+        lp = const - 0.5 * jnp.sum(r * r) / sigma2
+        for layer in position["layers"]:
+            lp = lp - 0.5 * jnp.sum(layer["z"] ** 2) - 0.5 * jnp.sum(layer["b"] ** 2) / bias_var
+        if fixed_variances is None:
+            for lvs in position["log_var"]:
+                for lv in lvs:
+                    # InvGamma(v | a, b) v = b^a / Gamma(a) v^{-a} exp(-b / v)   (density times the Jacobian)
+                    lp = lp + jnp.sum(a0 * math.log(b0) - math.lgamma(a0) - a0 * lv - b0 * jnp.exp(-lv))
+        return lp
+    return logp
