@@ -35,8 +35,9 @@ Algorithm 1 (one outer round ``t``; the order read off Eqs. 11-13, notes section
 (``(I + S H S)`` has eigenvalues >= 1); negative curvature of an indefinite ``H`` (tanh/sigmoid networks) is
 clamped to zero (eigenvalues for dense blocks, entries for the diagonal), the |alpha| of Table 1 guards the rest.
 
-Hessian options (``hessian=``): ``"exact"`` -- the layer block by ``jax.hessian``; ``"gauss-newton"`` -- the
-recursion of Eq. 21 without the ``D^l`` term, ``sum_t a_t a_t^T (x) G_t``; ``"kfac"`` -- its Kronecker
+Hessian options (``hessian=``): ``"exact"`` -- the layer block ``sum_t a_t a_t^T (x) Hpre_t`` from the per-sample
+pre-activation Hessians of the recursion of Eq. 21 (exact for an MLP; checked against ``jax.hessian``,
+:func:`autodiff_layer_hessians`); ``"gauss-newton"`` -- the same without the ``D^l`` term; ``"kfac"`` -- its Kronecker
 factorisation ``N E[a a^T] (x) E[G_t]`` (Botev et al. 2017, with ``D^l``); ``"diagonal"`` -- the exact diagonal of
 the block, ``sum_t a_{t,i}^2 Hpre_t[j, j]`` from the per-sample pre-activation Hessians of Eq. 21. The dense
 options are refused for layers with more than ``dense_limit`` weights (the 100 x 100 layer of the one-step network
@@ -62,7 +63,7 @@ from finite.checks import check_positive
 
 __all__ = ["ACTIVATIONS", "GROUPS", "HESSIANS", "PENALTIES", "Layer", "ArdMLP", "mlp", "narx_regressors",
            "Grouping", "groupings", "ArdConfig", "DEFAULT_CONFIG", "ArdState", "init_state", "penalty",
-           "layer_hessians", "preactivation_hessians", "hyper_update", "prune", "ArdFit", "fit", "fit_repeats",
+           "layer_hessians", "autodiff_layer_hessians", "preactivation_hessians", "hyper_update", "prune", "ArdFit", "fit", "fit_repeats",
            "select_round", "fraction_remaining", "LaplacePosterior", "laplace", "sample_laplace", "simulate",
            "simulation_rmse", "finetune_simulation", "log_density", "position_to_params", "init_position"]
 
@@ -381,27 +382,33 @@ def layer_hessians(model: ArdMLP, params, Z, y, w, sigma2, kind: str = "diagonal
     docstring). Returns per layer a dense ``(n, n)`` block, or for ``"diagonal"`` the ``(n_in, n_out)`` diagonal."""
     if kind not in HESSIANS:
         raise ValueError(f"layer_hessians: unknown kind {kind!r}; choose from {HESSIANS}")
-    if kind == "exact":
-        blocks = []
-        for l, (n_in, n_out) in enumerate(model.shapes):
-            def E(vecW, l=l, n_in=n_in, n_out=n_out):
-                ps = list(params)
-                ps[l] = Layer(vecW.reshape(n_in, n_out), params[l].b)
-                r = model.apply(tuple(ps), Z) - y
-                return 0.5 * jnp.sum(w * r * r) / sigma2
-            blocks.append(jax.hessian(E)(params[l].W.ravel()))
-        return tuple(blocks)
     Hpre, ins = preactivation_hessians(model, params, Z, y, w, sigma2, gauss_newton=(kind == "gauss-newton"))
     out = []
     for a, Hp, (n_in, n_out) in zip(ins, Hpre, model.shapes):
         if kind == "diagonal":
             out.append(jnp.einsum("ti,tj->ij", a * a, jnp.diagonal(Hp, axis1=1, axis2=2)))
-        elif kind == "gauss-newton":
+        elif kind in ("exact", "gauss-newton"):
             out.append(jnp.einsum("ti,tk,tjl->ijkl", a, a, Hp).reshape(n_in * n_out, n_in * n_out))
         else:  # kfac: N E[a a^T] (x) E[Hpre]  (weights w_t are already inside Hpre)
             n = a.shape[0]
             out.append(jnp.kron(a.T @ a / n, jnp.sum(Hp, axis=0)))
     return tuple(out)
+
+
+def autodiff_layer_hessians(model: ArdMLP, params, Z, y, w, sigma2) -> tuple:
+    """The exact layer blocks of :func:`layer_hessians` by ``jax.hessian`` (the independent check of the
+    recursion; quadratic memory in the layer size). Algorithm 1 uses the recursion instead: ``jax.hessian``
+    inside the repeat-vectorised compiled program stalled the XLA CPU runtime (JAX 0.10.2) in our runs, while the
+    recursion gives the same block (``tests/test_ard.py``) at a fraction of the cost."""
+    blocks = []
+    for l, (n_in, n_out) in enumerate(model.shapes):
+        def E(vecW, l=l, n_in=n_in, n_out=n_out):
+            ps = list(params)
+            ps[l] = Layer(vecW.reshape(n_in, n_out), params[l].b)
+            r = model.apply(tuple(ps), Z) - y
+            return 0.5 * jnp.sum(w * r * r) / sigma2
+        blocks.append(jax.hessian(E)(params[l].W.ravel()))
+    return tuple(blocks)
 
 
 def _clamp_psd(H):
