@@ -33,7 +33,8 @@ Algorithm 1 (one outer round ``t``; the order read off Eqs. 11-13, notes section
 ``upsilon_w - C_ww`` is evaluated in the scaled form ``upsilon_w [I - (I + S H S)^{-1}]_ww`` with
 ``S = diag(sqrt(upsilon))``, which stays accurate when the variances span the clamp range ``[1e-10, 1e10]``
 (``(I + S H S)`` has eigenvalues >= 1); negative curvature of an indefinite ``H`` (tanh/sigmoid networks) is
-clamped to zero (eigenvalues for dense blocks, entries for the diagonal), the |alpha| of Table 1 guards the rest.
+clamped (diagonal entries at zero; a dense block that can be indefinite is shifted by its Gershgorin bound), the
+|alpha| of Table 1 guards the rest.
 
 Hessian options (``hessian=``): ``"exact"`` -- the layer block ``sum_t a_t a_t^T (x) Hpre_t`` from the per-sample
 pre-activation Hessians of the recursion of Eq. 21 (exact for an MLP; checked against ``jax.hessian``,
@@ -413,20 +414,34 @@ def autodiff_layer_hessians(model: ArdMLP, params, Z, y, w, sigma2) -> tuple:
 
 
 def _clamp_psd(H):
+    """``H`` with its negative eigenvalues set to zero (host-side use: the Laplace posterior)."""
     lam, U = jnp.linalg.eigh(0.5 * (H + H.T))
     return (U * jnp.clip(lam, 0.0, None)) @ U.T
 
 
-def _shrink(upsilon, H):
+def _gershgorin_psd(H):
+    """``H + delta I`` with the smallest Gershgorin shift ``delta >= 0`` that makes it PSD. Used inside the
+    compiled Algorithm 1 for blocks that can be indefinite (tanh / sigmoid with the ``D^l`` term): a vmapped
+    ``eigh`` of a few hundred rows next to the free-run ``lax.scan`` stalled XLA's CPU runtime (JAX 0.10.2)."""
+    radius = jnp.sum(jnp.abs(H), axis=1) - jnp.abs(jnp.diag(H))
+    delta = jnp.maximum(0.0, -jnp.min(jnp.diag(H) - radius))
+    return H + delta * jnp.eye(H.shape[0], dtype=H.dtype)
+
+
+def _shrink(upsilon, H, psd: bool = True):
     """``upsilon_w - C_ww`` with ``C = (diag(1/upsilon) + H)^{-1}`` in the scaled form (module docstring), and
-    ``C_ww`` itself; ``H`` dense ``(n, n)`` or the ``(n_in, n_out)`` diagonal. Negative curvature clamped."""
+    ``C_ww`` itself; ``H`` dense ``(n, n)`` or the ``(n_in, n_out)`` diagonal. Negative curvature is clamped
+    (diagonal entries at zero; a dense block not known to be PSD by a Gershgorin shift)."""
     if H.ndim == upsilon.ndim and H.shape == upsilon.shape:  # diagonal
         h = jnp.clip(H, 0.0, None)
         C = upsilon / (1.0 + upsilon * h)
         return upsilon - C, C
     u = upsilon.ravel()
     s = jnp.sqrt(u)
-    M = jnp.eye(u.size, dtype=H.dtype) + s[:, None] * _clamp_psd(H) * s[None, :]
+    H = 0.5 * (H + H.T)
+    if not psd:
+        H = _gershgorin_psd(H)
+    M = jnp.eye(u.size, dtype=H.dtype) + s[:, None] * H * s[None, :]
     Lc = jnp.linalg.cholesky(M)
     Linv = jax.scipy.linalg.solve_triangular(Lc, jnp.eye(u.size, dtype=H.dtype), lower=True)
     r = jnp.sum(Linv * Linv, axis=0)  # diag(M^{-1})
@@ -450,7 +465,7 @@ def hyper_update(params, state: ArdState, hessians, model: ArdMLP, config: ArdCo
         W = p.W * m
         per_group = [jnp.clip(_group_norms(W, g) / om_k, lo, hi) for g, om_k in zip(lg, om)]
         ups = _combine([v[jnp.asarray(g.ids)] for v, g in zip(per_group, lg)])
-        shrink, _ = _shrink(ups, H)
+        shrink, _ = _shrink(ups, H, psd=config.hessian == "gauss-newton" or model.activation == "relu")
         omegas = []
         for g, v in zip(lg, per_group):
             alpha = jax.ops.segment_sum(shrink.ravel(), jnp.asarray(g.ids.ravel()), num_segments=g.num) / v ** 2

@@ -306,3 +306,20 @@ def test_hmc_of_an_ard_linear_model_matches_its_closed_form():
     np.testing.assert_allclose(draws.std(0), sd, rtol=0.12)
     diag = sard.summarise(res)
     assert diag["diagnostics"]["rhat_params"] < 1.05
+
+
+def test_indefinite_blocks_are_shifted_to_psd_and_updates_stay_finite():
+    rng = np.random.default_rng(6)
+    A = rng.standard_normal((6, 6))
+    H = jnp.asarray(A + A.T)
+    assert float(jnp.linalg.eigvalsh(H)[0]) < 0
+    shifted = ard._gershgorin_psd(H)
+    assert float(jnp.linalg.eigvalsh(shifted)[0]) >= -1e-12
+    np.testing.assert_allclose(shifted - H, np.eye(6) * float(shifted[0, 0] - H[0, 0]))
+    # a tanh network's exact Hessian can be indefinite; Algorithm 1's updates stay finite and positive
+    Z, y = _data(n=50, d=4)
+    model = ard.mlp((4, 6, 1), "tanh")
+    res = ard.fit(model, jax.random.PRNGKey(0), Z, y, ard.ArdConfig(group="element", rounds=3, epochs=60,
+                                                                     hessian="exact"), lam=1e-2)
+    for leaf in jax.tree_util.tree_leaves(res.state.omega) + jax.tree_util.tree_leaves(res.state.upsilon):
+        assert np.all(np.isfinite(np.asarray(leaf))) and np.all(np.asarray(leaf) > 0)
