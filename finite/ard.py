@@ -202,10 +202,13 @@ PENALTIES = ("lasso", "l2", "none")
 
 
 class Grouping(NamedTuple):
-    """Group index of every weight of one layer (``ids`` of the layer's shape, values ``0 .. num - 1``)."""
+    """Group index of every weight of one layer (``ids`` of the layer's shape, values ``0 .. num - 1``); ``kind``
+    and ``block`` let :func:`group_sum` use plain reductions instead of a scatter."""
 
     ids: np.ndarray
     num: int
+    kind: str = "element"
+    block: tuple = (1, 1)
 
 
 def groupings(shape, group: str, block=(2, 2)) -> tuple:
@@ -215,24 +218,40 @@ def groupings(shape, group: str, block=(2, 2)) -> tuple:
     n_in, n_out = shape
     i, j = np.meshgrid(np.arange(n_in), np.arange(n_out), indexing="ij")
     if group == "element":
-        return (Grouping(i * n_out + j, n_in * n_out),)
+        return (Grouping(i * n_out + j, n_in * n_out, "element"),)
     if group == "row":
-        return (Grouping(i, n_in),)
+        return (Grouping(i, n_in, "row"),)
     if group == "column":
-        return (Grouping(j, n_out),)
+        return (Grouping(j, n_out, "column"),)
     if group == "row+column":
-        return (Grouping(i, n_in), Grouping(j, n_out))
+        return (Grouping(i, n_in, "row"), Grouping(j, n_out, "column"))
     if group == "shape":
         p, q = (int(v) for v in block)
         if p < 1 or q < 1:
             raise ValueError(f"groupings: block sizes must be positive, got {block}")
         per_row = -(-n_out // q)
-        return (Grouping((i // p) * per_row + j // q, (-(-n_in // p)) * per_row),)
+        return (Grouping((i // p) * per_row + j // q, (-(-n_in // p)) * per_row, "shape", (p, q)),)
     raise ValueError(f"groupings: unknown group {group!r}; choose from {GROUPS}")
 
 
+def group_sum(X, g: Grouping):
+    """Sum of ``X`` (a layer-shaped array) over each group of ``g``: ``(g.num,)``, in group-index order."""
+    if g.kind == "element":
+        return jnp.ravel(X)
+    if g.kind == "row":
+        return jnp.sum(X, axis=1)
+    if g.kind == "column":
+        return jnp.sum(X, axis=0)
+    if g.kind == "shape":
+        p, q = g.block
+        n_in, n_out = X.shape
+        X = jnp.pad(X, ((0, -n_in % p), (0, -n_out % q)))
+        return jnp.sum(X.reshape(X.shape[0] // p, p, X.shape[1] // q, q), axis=(1, 3)).ravel()
+    return jax.ops.segment_sum(jnp.ravel(X), jnp.asarray(g.ids.ravel()), num_segments=g.num)
+
+
 def _group_norms(W, g: Grouping):
-    sq = jax.ops.segment_sum(jnp.ravel(W * W), jnp.asarray(g.ids.ravel()), num_segments=g.num)
+    sq = group_sum(W * W, g)
     positive = sq > 0
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)  # subgradient 0 at W_g = 0
 
@@ -468,7 +487,7 @@ def hyper_update(params, state: ArdState, hessians, model: ArdMLP, config: ArdCo
         shrink, _ = _shrink(ups, H, psd=config.hessian == "gauss-newton" or model.activation == "relu")
         omegas = []
         for g, v in zip(lg, per_group):
-            alpha = jax.ops.segment_sum(shrink.ravel(), jnp.asarray(g.ids.ravel()), num_segments=g.num) / v ** 2
+            alpha = group_sum(shrink, g) / v ** 2
             if config.omega_reduce == "mean":
                 alpha = alpha / np.bincount(g.ids.ravel(), minlength=g.num)
             omegas.append(jnp.clip(jnp.sqrt(jnp.abs(alpha)), lo, hi))

@@ -323,3 +323,11 @@ def test_indefinite_blocks_are_shifted_to_psd_and_updates_stay_finite():
                                                                      hessian="exact"), lam=1e-2)
     for leaf in jax.tree_util.tree_leaves(res.state.omega) + jax.tree_util.tree_leaves(res.state.upsilon):
         assert np.all(np.isfinite(np.asarray(leaf))) and np.all(np.asarray(leaf) > 0)
+
+
+@pytest.mark.parametrize("group", ["element", "row", "column", "row+column", "shape"])
+def test_group_sum_fast_paths_equal_a_scatter(group):
+    X = jnp.asarray(np.random.default_rng(8).standard_normal((5, 7)))
+    for g in ard.groupings((5, 7), group, block=(2, 3)):
+        ref = jax.ops.segment_sum(X.ravel(), jnp.asarray(g.ids.ravel()), num_segments=g.num)
+        np.testing.assert_allclose(ard.group_sum(X, g), ref, rtol=1e-12)
