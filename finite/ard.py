@@ -63,11 +63,11 @@ import optax
 from finite.checks import check_positive
 
 __all__ = ["ACTIVATIONS", "GROUPS", "HESSIANS", "PENALTIES", "Layer", "ArdMLP", "mlp", "narx_regressors", "Grouping",
-           "groupings", "ArdConfig", "DEFAULT_CONFIG", "ArdState", "init_state", "penalty", "layer_hessians",
-           "autodiff_layer_hessians", "preactivation_hessians", "hyper_update", "prune", "ArdFit", "fit",
-           "fit_repeats", "select_round", "fraction_remaining", "LaplacePosterior", "laplace", "sample_laplace",
-           "simulate", "simulation_rmse", "finetune_simulation", "log_density", "position_to_params",
-           "init_position"]
+           "groupings", "group_sum", "ArdConfig", "DEFAULT_CONFIG", "ArdState", "init_state", "penalty",
+           "layer_hessians", "autodiff_layer_hessians", "preactivation_hessians", "hyper_update", "prune", "ArdFit",
+           "fit", "fit_repeats", "select_round", "fraction_remaining", "LaplacePosterior", "laplace",
+           "sample_laplace", "simulate", "simulation_rmse", "finetune_simulation", "log_density",
+           "position_to_params", "init_position"]
 
 
 # ---------------------------------------------------------------------------
