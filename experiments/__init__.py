@@ -23,4 +23,6 @@ EXPERIMENTS = {
     "lowrank-mlp": "experiments.lowrank_mlp",
     "lowrank-bounds": "experiments.lowrank_bounds",
     "lowrank-transformer": "experiments.lowrank_transformer",
+    "tanks-onestep": "experiments.tanks_onestep",
+    "tanks-simulation": "experiments.tanks_simulation",
 }

@@ -8,6 +8,12 @@ import os
 import sys
 import time
 
+# XLA reads XLA_FLAGS once, when jax is first imported: experiments that need a flag say so before any import.
+_EIGEN_OFF = "--xla_cpu_multi_thread_eigen=false"
+if any(a in ("tanks-onestep", "tanks-simulation") for a in sys.argv[1:2]) and _EIGEN_OFF not in os.environ.get(
+        "XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _EIGEN_OFF).strip()
+
 from experiments import EXPERIMENTS, report
 
 
@@ -62,6 +68,9 @@ def main(argv=None) -> int:
             print(f"{name:<18s} {_load(name).DESCRIPTION}")
         return 0
     module = _load(args.command)
+    if getattr(module, "SINGLE_THREADED_EIGEN", False) and _EIGEN_OFF not in os.environ.get("XLA_FLAGS", ""):
+        print(f"note: {args.command} is meant to run with XLA_FLAGS={_EIGEN_OFF} (set when it is the first "
+              "argument of python -m experiments); without it XLA's CPU runtime may stall", file=sys.stderr)
     config = {k: v for k, v in vars(args).items() if k not in ("command", "out", "seed")}
     if not args.quick:
         _enable_compilation_cache()
