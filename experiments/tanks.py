@@ -62,3 +62,14 @@ def mean_std_best(values) -> dict:
         return {"mean": float("nan"), "std": float("nan"), "best": float("nan"), "n": 0}
     return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0, "best": float(v.min()),
             "n": int(v.size)}
+
+
+def round_log(log, rounds: int):
+    """A `finite.ard.fit_repeats` progress callback printing one line per round or repeat (via ``log``)."""
+    import time
+
+    start = time.perf_counter()
+
+    def report(t, _):
+        log(f"    {t + 1}/{rounds} done ({time.perf_counter() - start:.0f} s)")
+    return report

@@ -88,7 +88,8 @@ def _cell(args, split, keys, ratio, method, lam, log):
                 "test": jnp.sqrt(jnp.mean((model.apply(p, Zt) - tt) ** 2))}
 
     t0 = time.perf_counter()
-    res = ard.fit_repeats(model, keys, Z, t, _config(args, method), lam=lam, weights=weights, evaluate=evaluate)
+    res = ard.fit_repeats(model, keys, Z, t, _config(args, method), lam=lam, weights=weights, evaluate=evaluate,
+                          vectorize=False, progress=tanks.round_log(log, len(keys)))
     frac = np.asarray([[float(ard.fraction_remaining(tuple(m[r, k] for m in res.state.masks)))
                         for k in range(args.rounds)] for r in range(len(keys))])
     val = np.asarray(res.metrics["val"])

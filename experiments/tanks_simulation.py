@@ -78,7 +78,8 @@ def _fit_grid(args, data, keys, method, group, lam, evaluate_record, log):
 
     config = _config(args, method, group)
     t0 = time.perf_counter()
-    res = ard.fit_repeats(model, keys, Z, t, config, lam=lam, evaluate=evaluate)
+    res = ard.fit_repeats(model, keys, Z, t, config, lam=lam, evaluate=evaluate, vectorize=False,
+                          progress=tanks.round_log(log, len(keys)))
     sim = np.asarray(res.metrics["sim"])
     frac = np.asarray([[float(ard.fraction_remaining(tuple(m[r, k] for m in res.state.masks)))
                         for k in range(config.rounds)] for r in range(len(keys))])
@@ -138,7 +139,8 @@ def _refit(args, split, keys, method, settings, choice, log):
         if not idx:
             continue
         lams = jnp.asarray([settings[choice[r][1]][1] for r in idx])
-        res = ard.fit_repeats(model, keys[np.asarray(idx)], Z, t, _config(args, method, group), lam=lams)
+        res = ard.fit_repeats(model, keys[np.asarray(idx)], Z, t, _config(args, method, group), lam=lams,
+                              vectorize=False)
         for j, r in enumerate(idx):
             k = choice[r][2] % args.rounds
             params = jax.tree_util.tree_map(lambda a: a[j, k], res.params)
@@ -239,6 +241,7 @@ def run(args) -> Report:
     import jax
 
     jax.config.update("jax_enable_x64", True)  # the dense Hessian updates work with variances over 20 decades
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
     if args.quick:
         args.repeats, args.lams, args.groups, args.rounds, args.epochs = 2, [1e-3], ["row+column"], 2, 40
         args.finetune_epochs, args.laplace_draws = 5, 10

@@ -538,9 +538,11 @@ def _schedule(config: ArdConfig):
     return config.learning_rate
 
 
-def _run(model: ArdMLP, config: ArdConfig, evaluate, params, Z, y, w, lam):
+def _round_program(model: ArdMLP, config: ArdConfig, evaluate, Z, y, w, lam):
+    """``(optimizer, one_round)``: ``one_round(carry) -> (carry, outputs)`` is one outer round of Algorithm 1
+    (all its epochs as a ``lax.scan``, then the Hessian, the hyperparameter update, pruning and ``evaluate``);
+    ``carry = (params, optimizer state, ArdState)``."""
     opt = optax.adam(_schedule(config))
-    state = init_state(model, config, Z.dtype)
     use_penalty = config.penalty != "none"
 
     def objective(p, st):
@@ -558,7 +560,7 @@ def _run(model: ArdMLP, config: ArdConfig, evaluate, params, Z, y, w, lam):
         p = tuple(Layer(pl.W * m, pl.b) for pl, m in zip(p, st.masks))
         return (p, o, st), loss
 
-    def one_round(carry, _):
+    def one_round(carry):
         p, o, st = carry
         (p, o, st), losses = jax.lax.scan(epoch, (p, o, st), None, length=config.epochs)
         mse = _weighted_mse(model, p, Z, y, w)
@@ -575,8 +577,32 @@ def _run(model: ArdMLP, config: ArdConfig, evaluate, params, Z, y, w, lam):
         metrics = evaluate(p) if evaluate is not None else {}
         return (p, o, st), (p, st, mse, losses, metrics)
 
-    _, (ps, sts, mses, losses, metrics) = jax.lax.scan(one_round, (params, opt.init(params), state), None,
-                                                      length=config.rounds)
+    return opt, one_round
+
+
+def _run(model: ArdMLP, config: ArdConfig, evaluate, params, Z, y, w, lam):
+    opt, one_round = _round_program(model, config, evaluate, Z, y, w, lam)
+    carry = (params, opt.init(params), init_state(model, config, Z.dtype))
+    _, (ps, sts, mses, losses, metrics) = jax.lax.scan(lambda c, _: one_round(c), carry, None, length=config.rounds)
+    return ArdFit(ps, sts, mses, losses, metrics)
+
+
+def _init_carry(model: ArdMLP, config: ArdConfig, params, Z):
+    opt = optax.adam(_schedule(config))
+    return params, opt.init(params), init_state(model, config, Z.dtype)
+
+
+def _round(model: ArdMLP, config: ArdConfig, evaluate, carry, Z, y, w, lam):
+    return _round_program(model, config, evaluate, Z, y, w, lam)[1](carry)
+
+
+_init_repeats = jax.jit(jax.vmap(_init_carry, in_axes=(None, None, 0, None)), static_argnums=(0, 1))
+_round_repeats = jax.jit(jax.vmap(_round, in_axes=(None, None, None, 0, None, None, 0, 0)), static_argnums=(0, 1, 2))
+
+
+def _stack_rounds(outs) -> ArdFit:
+    ps, sts, mses, losses, metrics = (jax.tree_util.tree_map(lambda *a: jnp.stack(a, axis=1), *parts)
+                                      for parts in zip(*outs))
     return ArdFit(ps, sts, mses, losses, metrics)
 
 
@@ -624,10 +650,18 @@ def fit(model: ArdMLP, key, Z, y, config: ArdConfig = DEFAULT_CONFIG, *, lam: fl
 
 
 def fit_repeats(model: ArdMLP, keys, Z, y, config: ArdConfig = DEFAULT_CONFIG, *, lam=1e-3, weights=None,
-                evaluate: Callable | None = None) -> ArdFit:
+                evaluate: Callable | None = None, fused: bool = True, progress: Callable | None = None,
+                vectorize: bool = True) -> ArdFit:
     """:func:`fit` for many repeats at once (one ``vmap``-ed program): ``keys`` ``(R, 2)`` initial-weight keys,
     ``lam`` a scalar or ``(R,)`` (a lambda grid is a repeat axis), ``weights`` ``None``, ``(N,)`` or ``(R, N)``
-    (random training subsets). Returns :class:`ArdFit` with leading axes ``(R, rounds)``."""
+    (random training subsets). Returns :class:`ArdFit` with leading axes ``(R, rounds)``.
+
+    ``fused=True`` runs all rounds in one compiled program; ``fused=False`` compiles one round (all repeats) and
+    calls it ``rounds`` times from Python, reporting each to ``progress(round, ArdFit-so-far)`` -- the same
+    numbers (``tests/test_ard.py``). The experiments use the latter: on XLA's CPU runtime (JAX 0.10.2) the
+    fused program of the larger networks stalled at random in our runs, waiting on its own thread pool.
+    ``vectorize=False`` runs the repeats one after another through the single-repeat program of :func:`fit`
+    (same numbers; ``progress(repeat, None)`` after each), the fallback when the vmapped program stalls."""
     config.check(model)
     keys = jnp.asarray(keys)
     R = keys.shape[0]
@@ -635,7 +669,24 @@ def fit_repeats(model: ArdMLP, keys, Z, y, config: ArdConfig = DEFAULT_CONFIG, *
     w = jnp.broadcast_to(w, (R, y.shape[0]))
     lam = jnp.broadcast_to(jnp.asarray(lam, Z.dtype), (R,))
     params = jax.vmap(lambda k: model.init(k, Z.dtype))(keys)
-    return _run_repeats(model, config, evaluate, params, Z, y, w, lam)
+    if not vectorize:
+        outs = []
+        for r in range(R):
+            p = jax.tree_util.tree_map(lambda a: a[r], params)
+            outs.append(jax.block_until_ready(_run_jit(model, config, evaluate, p, Z, y, w[r], lam[r])))
+            if progress is not None:
+                progress(r, None)
+        return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
+    if fused:
+        return _run_repeats(model, config, evaluate, params, Z, y, w, lam)
+    carry, outs = _init_repeats(model, config, params, Z), []
+    for t in range(config.rounds):
+        carry, out = _round_repeats(model, config, evaluate, carry, Z, y, w, lam)
+        jax.block_until_ready(out)
+        outs.append(out)
+        if progress is not None:
+            progress(t, _stack_rounds(outs))
+    return _stack_rounds(outs)
 
 
 def select_round(result: ArdFit, score, r: int | None = None):

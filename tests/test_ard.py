@@ -331,3 +331,18 @@ def test_group_sum_fast_paths_equal_a_scatter(group):
     for g in ard.groupings((5, 7), group, block=(2, 3)):
         ref = jax.ops.segment_sum(X.ravel(), jnp.asarray(g.ids.ravel()), num_segments=g.num)
         np.testing.assert_allclose(ard.group_sum(X, g), ref, rtol=1e-12)
+
+
+def test_round_by_round_equals_the_fused_program():
+    Z, y = _data(n=30, d=4)
+    model = ard.mlp((4, 5, 1))
+    config = ard.ArdConfig(group="row+column", rounds=3, epochs=25, hessian="exact")
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    seen = []
+    a = ard.fit_repeats(model, keys, Z, y, config, lam=1e-2)
+    b = ard.fit_repeats(model, keys, Z, y, config, lam=1e-2, fused=False, progress=lambda t, r: seen.append(t))
+    c = ard.fit_repeats(model, keys, Z, y, config, lam=1e-2, vectorize=False)
+    assert seen == [0, 1, 2]
+    for x, z, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), jax.tree_util.tree_leaves(c)):
+        np.testing.assert_allclose(x, z, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(x, v, rtol=1e-9, atol=1e-12)
