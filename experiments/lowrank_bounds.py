@@ -177,7 +177,7 @@ def _markdown(args, decay, sweep, curve, ranks, r_star) -> str:
            "PAC-Bayes (Thm D.4, delta = 0.05, N = training images): "
            + (f"the bound stays below 1 (non-vacuous) up to rank {r_star}." if r_star is not None else
               "no rank gives a non-vacuous bound (below 1) here.")
-           + " The ratio column is sqrt(r (m + n) / (m n)) for m = n = {args.hidden}.", "",
+           + f" The ratio column is sqrt(r (m + n) / (m n)) for m = n = {args.hidden}.", "",
            f"Singular values of the deterministic network's hidden matrix (test accuracy "
            f"{decay['test_accuracy']:.4f}); Thm 3.6 with L = sqrt(2), R = {decay['radius']:.3g}:", "",
            markdown_table(["rank", "tail energy", "energy retained", "EYM loss bound"], dec)]
