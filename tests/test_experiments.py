@@ -217,3 +217,11 @@ def test_readme_lowrank_example_runs():
     assert lines[0] == "7202"
     assert lines[1] == "(100, 9, 1) True"
     assert lines[2] == "1.0 True"
+
+
+def test_readme_ard_example_runs():
+    res = _run_readme_example("## Sparse Bayesian (ARD) networks")
+    lines = res.stdout.strip().splitlines()
+    assert lines[0] == "[0 0 0 1 0 0 1]"  # Algorithm 1 keeps exactly the two regressors of the true system
+    assert lines[1] == "True"
+    assert lines[2] == "(100, 100)"
