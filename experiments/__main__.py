@@ -8,7 +8,8 @@ import os
 import sys
 import time
 
-# XLA reads XLA_FLAGS once, when jax is first imported: experiments that need a flag say so before any import.
+# XLA reads XLA_FLAGS once, when jax is first imported. The tanks experiments set this flag; it does NOT prevent
+# the vmapped-Cholesky stall of JAX 0.10.2 (see finite.ard.fit_repeats), which they avoid by vectorize=False.
 _EIGEN_OFF = "--xla_cpu_multi_thread_eigen=false"
 if any(a in ("tanks-onestep", "tanks-simulation") for a in sys.argv[1:2]) and _EIGEN_OFF not in os.environ.get(
         "XLA_FLAGS", ""):

@@ -658,8 +658,9 @@ def fit_repeats(model: ArdMLP, keys, Z, y, config: ArdConfig = DEFAULT_CONFIG, *
 
     ``fused=True`` runs all rounds in one compiled program; ``fused=False`` compiles one round (all repeats) and
     calls it ``rounds`` times from Python, reporting each to ``progress(round, ArdFit-so-far)`` -- the same
-    numbers (``tests/test_ard.py``). The experiments use the latter: on XLA's CPU runtime (JAX 0.10.2) the
-    fused program of the larger networks stalled at random in our runs, waiting on its own thread pool.
+    numbers (``tests/test_ard.py``). On XLA's CPU runtime (JAX 0.10.2) the vmapped program of the larger networks
+    stalls at random, fused or round by round: the batched LAPACK Cholesky (``ParallelBatchMap``) waits on sub-tasks
+    queued on the pool its own threads occupy (gdb); ``--xla_cpu_multi_thread_eigen=false`` does not prevent it.
     ``vectorize=False`` runs the repeats one after another through the single-repeat program of :func:`fit`
     (same numbers; ``progress(repeat, None)`` after each), the fallback when the vmapped program stalls."""
     config.check(model)
