@@ -28,7 +28,9 @@ Algorithm 1 (one outer round ``t``; the order read off Eqs. 11-13, notes section
    ``log|Upsilon| + log|Upsilon^{-1} + H|`` with respect to ``Upsilon_g`` (Eq. 34). For the element grouping it is
    exactly Eq. 12, ``alpha = 1/upsilon - C/upsilon^2``; for a group it is the paper's sum over the group (Table 1);
    ``omega_g(t+1) = sqrt(|alpha_g|)`` (``omega_reduce="mean"`` averages over the group as the authors' code);
-5. prune every weight with ``upsilon_w < kappa_upsilon`` or ``|W_w| < kappa_w`` (masks: a pruned weight stays 0).
+5. prune every weight with ``upsilon_w < kappa_upsilon`` or ``|W_w| < kappa_w`` (masks: a pruned weight stays 0);
+   our addition, also the weights of every ReLU node inactive on all training samples (exactly zero data
+   curvature, ``ArdConfig.prune_dead``).
 
 ``upsilon_w - C_ww`` is evaluated in the scaled form ``upsilon_w [I - (I + S H S)^{-1}]_ww`` with
 ``S = diag(sqrt(upsilon))``, which stays accurate when the variances span the clamp range ``[1e-10, 1e10]``
@@ -64,7 +66,8 @@ from finite.checks import check_positive
 
 __all__ = ["ACTIVATIONS", "GROUPS", "HESSIANS", "PENALTIES", "Layer", "ArdMLP", "mlp", "narx_regressors", "Grouping",
            "groupings", "group_sum", "ArdConfig", "DEFAULT_CONFIG", "ArdState", "init_state", "penalty",
-           "layer_hessians", "autodiff_layer_hessians", "preactivation_hessians", "hyper_update", "prune", "ArdFit",
+           "layer_hessians", "autodiff_layer_hessians", "preactivation_hessians", "hyper_update", "dead_weights",
+           "prune", "ArdFit",
            "fit", "fit_repeats", "select_round", "fraction_remaining", "LaplacePosterior", "laplace",
            "sample_laplace", "simulate", "simulation_rmse", "finetune_simulation", "log_density",
            "position_to_params", "init_position"]
@@ -268,6 +271,11 @@ class ArdConfig(NamedTuple):
     * ``hessian``: one of :data:`HESSIANS`; ``dense_limit`` the largest layer for the dense options.
     * ``kappa_upsilon``, ``kappa_w``: pruning thresholds (``kappa_w`` also applies without re-weighting;
       ``penalty="none"`` never prunes).
+    * ``prune_dead``: with re-weighting, also prune the weights into and out of every ReLU node that is inactive
+      on every training sample (:func:`dead_weights`). Our addition: their data-term curvature is exactly zero,
+      so without it they get ``alpha = 0``, ``omega`` falls to the clamp floor and ``Upsilon = ||W_g|| / omega``
+      jumps to ~1e8; the penalty no longer reaches them, and the Laplace posterior gives them that variance (its
+      sampled free runs diverge). Pruning them does not change the trained network's output.
     * ``noise_var``: ``sigma^2`` of the data term; ``None`` re-estimates it each round as the training MSE.
     * ``omega_reduce``: ``"sum"`` (the derivation, Table 1) or ``"mean"`` (the authors' code).
     * ``clamp``: the range of variances and omegas.
@@ -285,6 +293,7 @@ class ArdConfig(NamedTuple):
     dense_limit: int = 4096
     kappa_upsilon: float = 1e-4
     kappa_w: float = 1e-4
+    prune_dead: bool = True
     noise_var: float | None = None
     omega_reduce: str = "sum"
     clamp: tuple = (1e-10, 1e10)
@@ -496,14 +505,38 @@ def hyper_update(params, state: ArdState, hessians, model: ArdMLP, config: ArdCo
     return state._replace(omega=tuple(new_omega), upsilon=tuple(new_upsilon))
 
 
-def prune(params, state: ArdState, config: ArdConfig, *, use_upsilon: bool = True):
-    """Step 5 (dynamic pruning): drop weights with ``upsilon < kappa_upsilon`` (when ``use_upsilon``) or
-    ``|W| < kappa_w``. Masks only ever lose entries. Returns ``(masked params, state with the new masks)``."""
+def dead_weights(model: ArdMLP, params, Z, w=None) -> tuple:
+    """Per layer, a boolean ``(n_in, n_out)`` array marking the weights into and out of every *dead* ReLU node:
+    a hidden node whose pre-activation is <= 0 on every training sample with positive weight ``w``. Its weights
+    have exactly zero data-term curvature (``f'(h) = 0`` in, ``a = 0`` out), so the data carry no evidence about
+    them, and removing both its incoming and outgoing weights leaves the trained network's output unchanged
+    everywhere (its outgoing weights are gone). :func:`prune` removes them (``ArdConfig.prune_dead``). Smooth
+    activations never have dead nodes (all ``False``)."""
+    out = [jnp.zeros(s, bool) for s in model.shapes]
+    if model.activation != "relu":
+        return tuple(out)
+    Z = jnp.asarray(Z)
+    w = jnp.ones(Z.shape[0], Z.dtype) if w is None else jnp.asarray(w)
+    _, hs, _ = model.forward(params, Z)
+    for l, h in enumerate(hs[:-1]):
+        dead = ~jnp.any((h > 0) & (w[:, None] > 0), axis=0)
+        out[l] = out[l] | dead[None, :]
+        out[l + 1] = out[l + 1] | dead[:, None]
+    return tuple(out)
+
+
+def prune(params, state: ArdState, config: ArdConfig, *, use_upsilon: bool = True, dead=None):
+    """Step 5 (dynamic pruning): drop weights with ``upsilon < kappa_upsilon`` (when ``use_upsilon``),
+    ``|W| < kappa_w``, or flagged in ``dead`` (per layer booleans, :func:`dead_weights`; ``None`` for none).
+    Masks only ever lose entries. Returns ``(masked params, state with the new masks)``."""
     masks = []
-    for p, m, u in zip(params, state.masks, state.upsilon):
+    dead = (None,) * len(params) if dead is None else dead
+    for p, m, u, d in zip(params, state.masks, state.upsilon, dead):
         keep = jnp.abs(p.W) >= config.kappa_w
         if use_upsilon:
             keep = keep & (u >= config.kappa_upsilon)
+        if d is not None:
+            keep = keep & ~d
         masks.append(m * keep.astype(m.dtype))
     params = tuple(Layer(p.W * m, p.b) for p, m in zip(params, masks))
     return params, state._replace(masks=tuple(masks))
@@ -569,11 +602,14 @@ def _round_program(model: ArdMLP, config: ArdConfig, evaluate, Z, y, w, lam):
         else:
             st = st._replace(sigma2=jnp.asarray(config.noise_var, Z.dtype))
         bayes = config.reweight and config.penalty == "lasso"
+        dead = None
         if bayes:
             H = layer_hessians(model, p, Z, y, w, st.sigma2, config.hessian)
             st = hyper_update(p, st, H, model, config)
+            if config.prune_dead:
+                dead = dead_weights(model, p, Z, w)
         if use_penalty:
-            p, st = prune(p, st, config, use_upsilon=bayes)
+            p, st = prune(p, st, config, use_upsilon=bayes, dead=dead)
         metrics = evaluate(p) if evaluate is not None else {}
         return (p, o, st), (p, st, mse, losses, metrics)
 
@@ -851,17 +887,26 @@ def position_to_params(position, model: ArdMLP, group: str, block=(2, 2), fixed_
 
 
 def init_position(key, model: ArdMLP, group: str, block=(2, 2), fixed_variances=None, params=None):
-    """A starting HMC position: ``z`` from ``params`` (e.g. Algorithm 1's weights, with unit variances) or
-    standard normal, zero biases, ``log_var = 0``."""
+    """A starting HMC position: ``log_var = 0`` (every group variance 1), zero biases and standard-normal ``z``;
+    or, from ``params`` (e.g. Algorithm 1's weights), ``z = W / sqrt(upsilon_0)`` with ``upsilon_0`` the starting
+    combined variance (1/2 for ``"row+column"``, or ``fixed_variances``) and the given biases, so that
+    :func:`position_to_params` returns ``params`` exactly."""
     layers = []
     keys = jax.random.split(key, len(model.shapes))
-    for l, (k, shape) in enumerate(zip(keys, model.shapes)):
-        z = params[l].W if params is not None else jax.random.normal(k, shape)
-        b = params[l].b if params is not None else jnp.zeros(shape[1])
-        layers.append({"z": jnp.asarray(z), "b": jnp.asarray(b)})
-    pos = {"layers": tuple(layers)}
+    pos = {}
     if fixed_variances is None:
         pos["log_var"] = tuple(tuple(jnp.zeros(g.num) for g in groupings(s, group, block)) for s in model.shapes)
+    for l, (k, shape) in enumerate(zip(keys, model.shapes)):
+        if params is None:
+            layers.append({"z": jax.random.normal(k, shape), "b": jnp.zeros(shape[1])})
+            continue
+        W = jnp.asarray(params[l].W)
+        if fixed_variances is not None:
+            v0 = jnp.broadcast_to(jnp.asarray(fixed_variances[l], W.dtype), shape)
+        else:
+            v0 = _combine([jnp.ones(shape, W.dtype) for _ in groupings(shape, group, block)])
+        layers.append({"z": W / jnp.sqrt(v0), "b": jnp.asarray(params[l].b)})
+    pos["layers"] = tuple(layers)
     return pos
 
 

@@ -34,10 +34,12 @@ def sample(model: ard.ArdMLP, Z, y, key, *, sigma2: float, group: str = "row+col
       key: PRNG key. sigma2: the noise variance (e.g. Algorithm 1's training MSE).
       group, block, hyper, bias_var, fixed_variances: the prior (`finite.ard.log_density`).
       masks: optional per-layer 0/1 masks (Algorithm 1's sparsity pattern) held fixed during sampling.
-      init_params: optional network to start from (e.g. Algorithm 1's weights); chains then start from small
-        perturbations of it.
+      init_params: optional network to start from (e.g. Algorithm 1's weights): every chain starts at the position
+        that maps back to it exactly (`finite.ard.init_position`), perturbed by 0.01 standard normals in the
+        non-centred coordinates (``z``: 1 % of a prior standard deviation; ``log_var``: 1 % in scale).
       functions: extra ``name -> fn(params)`` kept at every draw (evaluated on the *network parameters*, not the
-        raw position); ``"params"`` (the weights and biases) and ``"upsilon"`` are always kept.
+        raw position); ``"params"`` (the weights and biases) and ``"upsilon"`` (per-weight prior variances, zero
+        where ``masks`` hold a weight at zero) are always kept.
     Returns: the driver's :class:`~samplers.driver.DriverResult`.
     """
     logp = ard.log_density(model, Z, y, sigma2, group=group, block=block, hyper=hyper, bias_var=bias_var,
@@ -71,7 +73,13 @@ def sample(model: ard.ArdMLP, Z, y, key, *, sigma2: float, group: str = "row+col
             pos = jax.tree_util.tree_unflatten(tree, leaves)
         return pos
 
-    fns = {"params": lambda pos: to_params(pos)[0], "upsilon": lambda pos: to_params(pos)[1]}
+    def variances(pos):
+        ups = to_params(pos)[1]
+        # a weight held at zero by its mask has no prior variance left: report 0 so that summaries of the sampled
+        # sparsity count only the kept weights
+        return ups if masks is None else tuple(u * m for u, m in zip(ups, masks))
+
+    fns = {"params": lambda pos: to_params(pos)[0], "upsilon": variances}
     for name, fn in (functions or {}).items():
         fns[name] = (lambda f: (lambda pos: f(to_params(pos)[0])))(fn)
     return driver.sample(target, key, init, functions=fns, keep_position=keep_position, **driver_kwargs)
@@ -80,7 +88,8 @@ def sample(model: ard.ArdMLP, Z, y, key, *, sigma2: float, group: str = "row+col
 def summarise(result: driver.DriverResult, threshold: float = 1e-4) -> dict:
     """Posterior summaries of an ARD run: per layer the posterior-median variance of every weight and the
     fraction of weights whose median variance is at least ``threshold`` (the sampled sparsity pattern, beside
-    Algorithm 1's ``kappa_upsilon`` pruning), and the driver's diagnostics of the weights."""
+    Algorithm 1's ``kappa_upsilon`` pruning; weights held at zero by ``masks`` have variance 0 and count as pruned),
+    and the driver's diagnostics of the weights."""
     ups = result.draws["upsilon"]
     med = [np.median(np.asarray(u).reshape(-1, *np.shape(u)[2:]), axis=0) for u in ups]
     kept = sum(float(np.sum(m >= threshold)) for m in med) / sum(m.size for m in med)

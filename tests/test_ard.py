@@ -346,3 +346,93 @@ def test_round_by_round_equals_the_fused_program():
     for x, z, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), jax.tree_util.tree_leaves(c)):
         np.testing.assert_allclose(x, z, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(x, v, rtol=1e-9, atol=1e-12)
+
+
+def _dead_unit_network(d=4, h=6, dead=2):
+    """A ReLU network 4 -> 6 -> 6 -> 1 whose first-layer unit ``dead`` is inactive on every sample (bias -50)."""
+    model = ard.mlp((d, h, h, 1))
+    params = model.init(jax.random.PRNGKey(3), jnp.float64)
+    p0 = params[0]
+    params = (ard.Layer(p0.W, p0.b.at[dead].set(-50.0)),) + tuple(params[1:])
+    return model, params
+
+
+@pytest.mark.parametrize("kind", ["exact", "gauss-newton", "diagonal"])
+def test_dead_relu_weights_have_zero_curvature_and_pruning_them_keeps_the_output(kind):
+    Z, y = _data(n=50, d=4)
+    model, params = _dead_unit_network()
+    dead = [np.asarray(d) for d in ard.dead_weights(model, params, Z)]
+    # independently, from the forward pass: a unit is dead when its pre-activation is <= 0 on every sample
+    _, hs, _ = model.forward(params, Z)
+    expected = [np.zeros(s, bool) for s in model.shapes]
+    for l, h in enumerate(hs[:-1]):
+        off = np.all(np.asarray(h) <= 0, axis=0)
+        expected[l][:, off] = True
+        expected[l + 1][off, :] = True
+    assert expected[0][:, 2].all()  # the unit switched off by construction is among them
+    assert all(np.array_equal(d, e) for d, e in zip(dead, expected)), dead
+    # every flagged weight has exactly zero curvature in the data term
+    H = ard.layer_hessians(model, params, Z, y, jnp.ones(50), 0.1, kind)
+    for Hl, d, shape in zip(H, dead, model.shapes):
+        diag = np.asarray(Hl if Hl.shape == shape else jnp.diagonal(Hl).reshape(shape))
+        assert np.all(diag[d] == 0)
+    # removing them changes no output, on the training inputs or elsewhere
+    pruned = tuple(ard.Layer(p.W * (1 - d), p.b) for p, d in zip(params, dead))
+    Zn = jnp.asarray(np.random.default_rng(1).standard_normal((20, 4)))
+    np.testing.assert_allclose(model.apply(pruned, Z), model.apply(params, Z), rtol=1e-12)
+    assert np.asarray(model.apply(pruned, Zn)).shape == (20,)
+    # a unit alive only on a sample of weight 0 counts as dead
+    w = np.ones(50)
+    assert not ard.dead_weights(model, params, Z, w)[0][:, 0].any()
+    alive = np.asarray(hs[0][:, 0]) > 0
+    w[alive] = 0.0
+    assert ard.dead_weights(model, params, Z, w)[0][:, 0].all()
+    assert not np.asarray(ard.dead_weights(ard.mlp((4, 6, 1), "tanh"), model.init(jax.random.PRNGKey(0)), Z)[0]).any()
+
+
+def test_algorithm1_prunes_a_dead_unit_and_keeps_variances_bounded():
+    Z, y = _data(n=60, d=4)
+    model, params = _dead_unit_network()
+    base = dict(group="row+column", rounds=2, epochs=50, learning_rate=1e-3, hessian="exact")
+    on = ard.fit(model, None, Z, y, ard.ArdConfig(**base), lam=1e-3, params=params)
+    off = ard.fit(model, None, Z, y, ard.ArdConfig(**base, prune_dead=False), lam=1e-3, params=params)
+    m_on, m_off = (np.asarray(r.state.masks[0][0]) for r in (on, off))
+    assert np.all(m_on[:, 2] == 0) and np.all(np.asarray(on.state.masks[1][0])[2, :] == 0)
+    assert np.all(m_off[:, 2] == 1)  # without the rule the dead unit's weights stay (the test can fail)
+    # the zero-curvature weights are what sends the variances up without the rule
+    kept_ups = max(float(np.max(np.asarray(u[-1]) * np.asarray(m[-1])))
+                   for u, m in zip(on.state.upsilon, on.state.masks))
+    off_ups = max(float(np.max(np.asarray(u[-1]) * np.asarray(m[-1])))
+                  for u, m in zip(off.state.upsilon, off.state.masks))
+    assert kept_ups < 1e3 < off_ups, (kept_ups, off_ups)
+
+
+@pytest.mark.parametrize("group", ["element", "row+column", "column"])
+def test_hmc_start_maps_back_to_the_given_network(group):
+    model = ard.mlp((3, 4, 1))
+    params = model.init(jax.random.PRNGKey(1), jnp.float64)
+    pos = ard.init_position(jax.random.PRNGKey(0), model, group, params=params)
+    back, ups = ard.position_to_params(pos, model, group)
+    for p, q in zip(params, back):
+        np.testing.assert_allclose(q.W, p.W, rtol=1e-12)
+        np.testing.assert_allclose(q.b, p.b)
+    fixed = (jnp.full((3, 4), 0.3), jnp.full((4, 1), 2.0))
+    pos = ard.init_position(jax.random.PRNGKey(0), model, group, fixed_variances=fixed, params=params)
+    back, _ = ard.position_to_params(pos, model, group, fixed_variances=fixed)
+    for p, q in zip(params, back):
+        np.testing.assert_allclose(q.W, p.W, rtol=1e-12)
+
+
+def test_hmc_summary_counts_masked_weights_as_pruned():
+    from samplers import ard as sard
+
+    Z, y = _data(n=30, d=3)
+    model = ard.mlp((3, 2, 1))
+    masks = (jnp.ones((3, 2)).at[:, 1].set(0.0), jnp.ones((2, 1)).at[1, 0].set(0.0))
+    res = sard.sample(model, Z, y, jax.random.PRNGKey(0), sigma2=0.1, group="element", masks=masks, num_chains=1,
+                      num_warmup=20, num_samples=10, progress=False, keep_position=False)
+    ups = res.draws["upsilon"]
+    assert np.all(np.asarray(ups[0])[..., :, 1] == 0) and np.all(np.asarray(ups[1])[..., 1, 0] == 0)
+    summary = sard.summarise(res, threshold=1e-12)
+    assert summary["fraction_remaining"] <= 4 / 8  # at most the 4 unmasked of the 8 weights
+    assert summary["fraction_remaining"] > 0
