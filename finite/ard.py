@@ -740,35 +740,80 @@ def select_round(result: ArdFit, score, r: int | None = None):
 # ---------------------------------------------------------------------------
 
 class LaplacePosterior(NamedTuple):
-    """Per-layer Gaussian ``N(W*, (H + Upsilon^{-1})^{-1})`` over the kept weights (Eq. 22b; mean at the trained
-    weights, the Newton step of Eq. 22a being zero at an optimum). ``factors`` per layer: a matrix ``F`` with
-    ``F F^T`` the covariance of the row-major vectorised weights (dense Hessians), or the ``(n_in, n_out)``
-    standard deviations (diagonal). Pruned weights have zero variance; biases are held at their trained values."""
+    """A Gaussian ``N(W*, Sigma)`` over the kept weights, mean at the trained weights (the Newton step of Eq. 22a
+    is zero at an optimum); pruned weights have zero variance and biases are held at their trained values.
+
+    ``structure="layer"`` (Eq. 22b): one independent Gaussian per layer, ``Sigma_l = (H_l + Upsilon_l^{-1})^{-1}``
+    with ``H_l`` that layer's Hessian block; ``factors`` per layer a matrix ``F`` with ``F F^T`` the covariance of
+    the row-major vectorised weights (dense Hessians), or the ``(n_in, n_out)`` standard deviations (diagonal).
+    ``structure="network"``: one Gaussian over all layers' weights at once (concatenated in layer order, each
+    row-major), ``Sigma = (G + Upsilon^{-1})^{-1}`` with ``G = J^T diag(w) J / sigma^2`` the Gauss-Newton matrix of
+    the whole network; ``factors`` is a 1-tuple holding its ``F``."""
 
     mean: tuple
     factors: tuple
     masks: tuple
+    structure: str = "layer"
 
 
-def laplace(model: ArdMLP, params, state: ArdState, Z, y, *, weights=None, hessian: str = "exact") -> LaplacePosterior:
-    """The Laplace posterior of every layer at ``params`` with the prior variances ``state.upsilon`` (zero for
-    pruned weights) and noise ``state.sigma2``; ``hessian`` one of :data:`HESSIANS`."""
+def _scaled_factor(v, H):
+    """``F`` with ``F F^T = (H + diag(1/v))^{-1}`` for variances ``v >= 0`` (zero: the weight is fixed), via
+    ``S (I + S H S)^{-1} S``, ``S = diag(sqrt(v))`` -- finite however small ``v`` gets; ``H`` is clamped to PSD."""
+    s = jnp.sqrt(v)
+    lam, U = jnp.linalg.eigh(jnp.eye(s.size, dtype=H.dtype) + s[:, None] * _clamp_psd(H) * s[None, :])
+    return s[:, None] * U / jnp.sqrt(lam)[None, :]
+
+
+def laplace(model: ArdMLP, params, state: ArdState, Z, y, *, weights=None, hessian: str = "exact",
+            structure: str = "layer") -> LaplacePosterior:
+    """The Laplace posterior at ``params`` with the prior variances ``state.upsilon`` (zero for pruned weights)
+    and noise ``state.sigma2``. ``structure="layer"`` is the paper's per-layer posterior (Eq. 22) with ``hessian``
+    one of :data:`HESSIANS`; ``structure="network"`` the joint posterior of all layers with the network's
+    Gauss-Newton matrix (``hessian`` must be ``"gauss-newton"``; see :class:`LaplacePosterior`). Drawing the
+    per-layer posteriors independently ignores how the layers' weights co-vary, which widens sampled free runs;
+    the network posterior keeps those correlations (RESULTS.md section 4)."""
     Z, y, w = _check_data(Z, y, weights, model, "laplace")
+    if structure not in ("layer", "network"):
+        raise ValueError(f"laplace: structure must be 'layer' or 'network', got {structure!r}")
+    if structure == "network":
+        if hessian != "gauss-newton":
+            raise ValueError(f"laplace: structure='network' uses the network's Gauss-Newton matrix; pass "
+                             f"hessian='gauss-newton' (got {hessian!r})")
+        sizes = [a * b for a, b in model.shapes]
+        flat = jnp.concatenate([p.W.ravel() for p in params])
+
+        def out(vec):
+            parts = jnp.split(vec, np.cumsum(sizes)[:-1])
+            return model.apply(tuple(Layer(v.reshape(p.W.shape), p.b) for v, p in zip(parts, params)), Z)
+
+        J = jax.jacfwd(out)(flat)
+        G = (J * w[:, None]).T @ J / state.sigma2
+        v = jnp.concatenate([(u * m).ravel() for u, m in zip(state.upsilon, state.masks)])
+        return LaplacePosterior(tuple(params), (_scaled_factor(v, G),), tuple(state.masks), "network")
+    if hessian not in HESSIANS:
+        raise ValueError(f"laplace: unknown hessian {hessian!r}; choose from {HESSIANS}")
     H = layer_hessians(model, params, Z, y, w, state.sigma2, hessian)
     factors = []
     for Hl, u, m in zip(H, state.upsilon, state.masks):
         v = u * m
         if hessian == "diagonal":
             factors.append(jnp.sqrt(v / (1.0 + v * jnp.clip(Hl, 0.0, None))))
-            continue
-        s = jnp.sqrt(v.ravel())
-        lam, U = jnp.linalg.eigh(jnp.eye(s.size, dtype=Hl.dtype) + s[:, None] * _clamp_psd(Hl) * s[None, :])
-        factors.append(s[:, None] * U / jnp.sqrt(lam)[None, :])  # S M^{-1/2}: (S M^{-1/2})(.)^T = S M^{-1} S
-    return LaplacePosterior(tuple(params), tuple(factors), tuple(state.masks))
+        else:
+            factors.append(_scaled_factor(v.ravel(), Hl))
+    return LaplacePosterior(tuple(params), tuple(factors), tuple(state.masks), "layer")
 
 
 def sample_laplace(key, post: LaplacePosterior, num_samples: int):
     """``num_samples`` parameter draws from :class:`LaplacePosterior` (stacked on a leading axis)."""
+    if post.structure == "network":
+        (F,) = post.factors
+        sizes = [p.W.size for p in post.mean]
+
+        def joint(k):
+            delta = jnp.split(F @ jax.random.normal(k, (F.shape[1],), F.dtype), np.cumsum(sizes)[:-1])
+            return tuple(Layer((p.W + d.reshape(p.W.shape)) * m, p.b) for p, d, m in zip(post.mean, delta, post.masks))
+        return jax.vmap(joint)(jax.random.split(key, num_samples))
+
     def one(k):
         out = []
         for kk, p, F, m in zip(jax.random.split(k, len(post.mean)), post.mean, post.factors, post.masks):

@@ -238,6 +238,48 @@ def test_laplace_covariance_is_the_inverse_of_hessian_plus_prior_precision():
     np.testing.assert_allclose(emp, np.asarray(post.factors[1] @ post.factors[1].T), atol=0.1 * np.max(emp))
 
 
+def test_network_laplace_is_the_inverse_of_the_gauss_newton_matrix_plus_prior_precision():
+    """The joint posterior against the Hessian of the loss of the network *linearised* at the trained weights
+    (``jax.linearize``; that Hessian is exactly the Gauss-Newton matrix), an independent route."""
+    Z, y = _data(n=30, d=3)
+    model = ard.mlp((3, 4, 2, 1), "tanh")
+    params = model.init(jax.random.PRNGKey(2), jnp.float64)
+    rng = np.random.default_rng(1)
+    state = ard.init_state(model, ard.ArdConfig(group="element"), jnp.float64)
+    ups = tuple(jnp.asarray(rng.uniform(0.2, 2.0, s)) for s in model.shapes)
+    masks = (jnp.ones((3, 4)).at[2, 1].set(0.0), jnp.ones((4, 2)).at[0, 0].set(0.0), jnp.ones((2, 1)))
+    w = jnp.asarray(rng.uniform(0.5, 1.5, 30))
+    state = state._replace(upsilon=ups, masks=masks, sigma2=jnp.asarray(0.3))
+    post = ard.laplace(model, params, state, Z, y, weights=w, hessian="gauss-newton", structure="network")
+    assert post.structure == "network" and len(post.factors) == 1
+
+    sizes = [a * b for a, b in model.shapes]
+    flat = jnp.concatenate([p.W.ravel() for p in params])
+
+    def net(vec):
+        parts = jnp.split(vec, np.cumsum(sizes)[:-1])
+        return model.apply(tuple(ard.Layer(v.reshape(p.W.shape), p.b) for v, p in zip(parts, params)), Z)
+
+    f0, lin = jax.linearize(net, flat)
+    G = jax.hessian(lambda v: 0.5 * jnp.sum(w * (f0 + lin(v - flat) - y) ** 2) / 0.3)(flat)
+    keep = np.concatenate([np.asarray(m).ravel() for m in masks]) > 0
+    prior = np.concatenate([np.asarray(u).ravel() for u in ups])
+    direct = np.linalg.inv(np.asarray(G)[np.ix_(keep, keep)] + np.diag(1 / prior[keep]))
+    cov = np.asarray(post.factors[0] @ post.factors[0].T)
+    np.testing.assert_allclose(cov[np.ix_(keep, keep)], direct, rtol=1e-8, atol=1e-12)
+    assert np.all(cov[~keep] == 0)
+    # cross-layer covariance is present (the per-layer posterior sets it to zero)
+    assert np.max(np.abs(cov[:12, 12:20])) > 1e-3
+    draws = ard.sample_laplace(jax.random.PRNGKey(3), post, 3000)
+    assert np.all(np.asarray(draws[0].W)[:, 2, 1] == 0) and np.all(np.asarray(draws[1].W)[:, 0, 0] == 0)
+    emp = np.cov(np.concatenate([np.asarray(d.W).reshape(3000, -1) for d in draws], axis=1).T)
+    np.testing.assert_allclose(emp, cov, atol=0.1 * np.max(np.abs(cov)))
+    with pytest.raises(ValueError, match="gauss-newton"):
+        ard.laplace(model, params, state, Z, y, hessian="exact", structure="network")
+    with pytest.raises(ValueError, match="structure"):
+        ard.laplace(model, params, state, Z, y, structure="joint")
+
+
 def test_simulator_reproduces_the_one_step_predictor_and_a_linear_recursion():
     rng = np.random.default_rng(0)
     u, y = rng.standard_normal(50), rng.standard_normal(50)
