@@ -56,15 +56,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import write_results  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "ard.json"
 RESULTS_QUICK = ROOT / "benchmarks" / "results" / "ard-quick.json"
@@ -299,15 +299,8 @@ def main(argv=None) -> int:
         per_step_a = c["anchor_s"] / (c["rounds"] * c["epochs"] * c["repeats"])
         print(f"ratio {c['case']}: anchor / ours = {c['ratio']:.2f} (per step and repeat: ours "
               f"{1e6 * per_step_o:.1f} us, anchor {1e6 * per_step_a:.1f} us)")
-    import jax
-
-    payload = {"quick": args.quick, "machine": platform.platform(), "python": platform.python_version(),
-               "jax": jax.__version__, "cpu_count": os.cpu_count(), "lam": LAM, "target": TARGET, "reps": reps,
-               "cases": cases}
-    path = RESULTS_QUICK if args.quick else RESULTS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1))
-    print(f"\nwrote {path.relative_to(ROOT)}")
+    write_results(RESULTS_QUICK if args.quick else RESULTS,
+                  {"quick": args.quick, "lam": LAM, "target": TARGET, "reps": reps, "cases": cases})
     return 0
 
 

@@ -30,14 +30,14 @@ Prints a table and writes ``benchmarks/results/lowrank.json`` (``--quick``: smal
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import write_results  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "lowrank.json"
 RESULTS_QUICK = ROOT / "benchmarks" / "results" / "lowrank-quick.json"
@@ -210,16 +210,9 @@ def main(argv=None) -> int:
     for k, (v, target, ok) in ratios.items():
         mark = "" if args.quick or ok is None else (" ✓" if ok else " ✗")
         print(f"| {k} | {v:.3f} | {target}{mark} |")
-    import jax
-
-    payload = {"quick": args.quick, "machine": platform.platform(), "python": platform.python_version(),
-               "jax": jax.__version__, "cpu_count": os.cpu_count(), "sizes": sizes, "ranks": ranks, "batch": BATCH,
-               "results": res,
-               "ratios": {k: {"value": v, "target": tg, "met": ok} for k, (v, tg, ok) in ratios.items()}}
-    path = RESULTS_QUICK if args.quick else RESULTS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1))
-    print(f"\nwrote {path.relative_to(ROOT)}")
+    write_results(RESULTS_QUICK if args.quick else RESULTS,
+                  {"quick": args.quick, "sizes": sizes, "ranks": ranks, "batch": BATCH, "results": res,
+                   "ratios": {k: {"value": v, "target": tg, "met": ok} for k, (v, tg, ok) in ratios.items()}})
     return 0
 
 

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -40,6 +38,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import write_results  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results" / "svgp.json"
 RESULTS_QUICK = ROOT / "benchmarks" / "results" / "svgp-quick.json"
 M, BATCH, LR, JITTER, LENGTHSCALE, NOISE_SD = 200, 100, 1e-2, 1e-6, 3.0, 0.5
@@ -311,20 +312,15 @@ def main(argv=None) -> int:
         print(f"| {r['num_inducing']} | {1e3 * r['step_s']:.2f} | {r['measured_ratio']:.2f} | "
               f"{r['predicted_ratio']:.2f} |")
     import gpjax
-    import jax
 
-    payload = {"quick": args.quick, "machine": platform.platform(), "python": platform.python_version(),
-               "jax": jax.__version__, "gpjax": gpjax.__version__, "cpu_count": os.cpu_count(), "n1": n1, "n2": n2,
-               "compare": comp, "scale": sc, "target": TARGET,
-               "linear_algebra_floor_s": floor}
+    payload = {"quick": args.quick, "gpjax": gpjax.__version__, "n1": n1, "n2": n2, "compare": comp, "scale": sc,
+               "target": TARGET, "linear_algebra_floor_s": floor}
     path = RESULTS_QUICK if args.quick else RESULTS
     if path.exists() and (args.skip_compare or args.skip_scale):  # a partial run keeps the other part's numbers
         old = json.loads(path.read_text())
         payload["compare"] = old.get("compare", {}) if args.skip_compare else comp
         payload["scale"] = old.get("scale", sc) if args.skip_scale else sc
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1))
-    print(f"\nwrote {path.relative_to(ROOT)}")
+    write_results(path, payload)
     return 0
 
 

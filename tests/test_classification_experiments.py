@@ -2,18 +2,9 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run(*args, timeout=600):
-    env = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+from _cli import run_experiment as _run
 
 
 def test_gaussian_classification_quick_and_resume(tmp_path):

@@ -6,13 +6,8 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run(*args, timeout=900):
-    env = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+from _cli import ROOT
+from _cli import run_experiment as _run
 
 
 def test_list_and_help_name_every_experiment():

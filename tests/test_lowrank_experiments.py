@@ -1,17 +1,8 @@
 """The singular-BNN experiments in their fast modes."""
 
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run(*args, timeout=600):
-    env = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+from _cli import run_experiment as _run
 
 
 def test_lowrank_toy_quick_and_resume(tmp_path):

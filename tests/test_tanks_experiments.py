@@ -1,20 +1,10 @@
 """The Cascaded Tanks experiments (sparse-Bayes paper) in their fast modes, and the protocol's data split."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run(*args, timeout=600):
-    env = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+from _cli import run_experiment as _run
 
 
 def test_split_holds_out_validation_and_never_touches_the_test_record():
