@@ -32,7 +32,7 @@ updates and pruning in one compiled program, the sweep's repeats ``vmap``-ed. An
 jitted function doing ONE Adam step of the same objective (MSE + lam * ``ard.penalty``, gradient masked by the
 current masks, weights re-masked), called epochs x rounds times from Python; after each round one jitted
 hyperparameter update built from the library's own pieces (training MSE as ``sigma^2``, ``ard.layer_hessians``,
-``ard.hyper_update``, ``ard.prune``); the sweep's repeats one after another in a Python loop. The anchor never
+``ard.hyper_update``, ``ard.dead_weights``, ``ard.prune``); the sweep's repeats one after another in a Python loop. The anchor never
 waits for a step's result inside the loop (JAX's asynchronous dispatch may overlap Python and XLA), which favours
 the anchor over a loop that reads the loss every step.
 
@@ -127,7 +127,8 @@ def anchor_programs(model, config):
         st = st._replace(sigma2=jnp.maximum(m, 1e-12).astype(Z.dtype))
         H = ard.layer_hessians(model, p, Z, y, jnp.ones_like(y), st.sigma2, config.hessian)
         st = ard.hyper_update(p, st, H, model, config)
-        p, st = ard.prune(p, st, config, use_upsilon=True)
+        dead = ard.dead_weights(model, p, Z) if config.prune_dead else None
+        p, st = ard.prune(p, st, config, use_upsilon=True, dead=dead)
         return p, st, m
 
     return step, round_end, opt
