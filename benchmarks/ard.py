@@ -32,8 +32,8 @@ updates and pruning in one compiled program, the sweep's repeats ``vmap``-ed. An
 jitted function doing ONE Adam step of the same objective (MSE + lam * ``ard.penalty``, gradient masked by the
 current masks, weights re-masked), called epochs x rounds times from Python; after each round one jitted
 hyperparameter update built from the library's own pieces (training MSE as ``sigma^2``, ``ard.layer_hessians``,
-``ard.hyper_update``, ``ard.dead_weights``, ``ard.prune``); the sweep's repeats one after another in a Python loop. The anchor never
-waits for a step's result inside the loop (JAX's asynchronous dispatch may overlap Python and XLA), which favours
+``ard.hyper_update``, ``ard.dead_weights``, ``ard.prune``); the sweep's repeats one after another in a Python
+loop. The anchor never waits for a step's result inside the loop (JAX's asynchronous dispatch may overlap Python and XLA), which favours
 the anchor over a loop that reads the loss every step.
 
 Timing: every program is compiled before it is timed (ours: one untimed call of the same shapes and settings,
