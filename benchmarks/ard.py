@@ -33,8 +33,8 @@ jitted function doing ONE Adam step of the same objective (MSE + lam * ``ard.pen
 current masks, weights re-masked), called epochs x rounds times from Python; after each round one jitted
 hyperparameter update built from the library's own pieces (training MSE as ``sigma^2``, ``ard.layer_hessians``,
 ``ard.hyper_update``, ``ard.dead_weights``, ``ard.prune``); the sweep's repeats one after another in a Python
-loop. The anchor never waits for a step's result inside the loop (JAX's asynchronous dispatch may overlap Python and XLA), which favours
-the anchor over a loop that reads the loss every step.
+loop. The anchor never waits for a step's result inside the loop (JAX's asynchronous dispatch may overlap Python
+and XLA), which favours the anchor over a loop that reads the loss every step.
 
 Timing: every program is compiled before it is timed (ours: one untimed call of the same shapes and settings,
 reported as "first call"; anchor: one untimed call of its step and of its round update); each case is timed
