@@ -26,6 +26,8 @@ estimate).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 
@@ -51,6 +53,9 @@ def add_arguments(parser):
     parser.add_argument("--validation", type=int, default=256, help="held-out estimation samples for selection")
     parser.add_argument("--finetune-epochs", type=int, default=300, help="free-run fine-tuning epochs (0: none)")
     parser.add_argument("--finetune-lr", type=float, default=1e-3, help="fine-tuning learning rate")
+    parser.add_argument("--finetune-clip", type=float, default=1.0,
+                        help="global-norm clip of the fine-tuning gradient (0: none); the iterate of the lowest "
+                             "estimation-record loss is kept")
     parser.add_argument("--protocol", choices=["honest", "test-selected"], default="honest",
                         help="test-selected also runs the paper's selection on the test record (reported apart)")
     parser.add_argument("--laplace-draws", type=int, default=200, help="Laplace posterior draws for the band")
@@ -153,11 +158,13 @@ def _refit(args, split, keys, method, settings, choice, log):
                     "sim": sim.tolist(), "sigma2": float(state.sigma2)}
             if args.finetune_epochs > 0:
                 tuned, losses = ard.finetune_simulation(model, params, state.masks, ue, ye, LAG,
-                                                        epochs=args.finetune_epochs, learning_rate=args.finetune_lr)
+                                                        epochs=args.finetune_epochs, learning_rate=args.finetune_lr,
+                                                        clip_norm=args.finetune_clip or None, keep_best=True)
                 sim_ft = np.asarray(ard.simulate(model, tuned, ut, yt, LAG))
                 cell.update({"test_ft": float(ard.simulation_rmse(sim_ft, yt, LAG)),
                              "test_ft_excl": float(ard.simulation_rmse(sim_ft, yt, LAG, include_initial=False)),
-                             "sim_ft": sim_ft.tolist(), "finetune_final_loss": float(losses[-1])})
+                             "sim_ft": sim_ft.tolist(), "finetune_final_loss": float(losses[-1]),
+                             "finetune_best_loss": float(np.nanmin(np.asarray(losses)))})
                 params = tuned
             if r == 0:
                 cell["params"] = jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), params)
@@ -212,7 +219,7 @@ def _uncertainty(args, split, first, log):
     return {**cells["network"], "per_layer": _strip(cells["layer"])}
 
 
-def _hmc(args, split, first, group, log):
+def _hmc(args, split, first, group, tag, log):
     import jax
     import jax.numpy as jnp
 
@@ -226,7 +233,7 @@ def _hmc(args, split, first, group, log):
     sigma2 = float(first["sigma2"])
     os.makedirs(os.path.join(args.out, "cells"), exist_ok=True)
     ckpt = os.path.join(args.out, "cells", f"seed{args.seed}_hmc_c{args.hmc_chains}_w{args.hmc_warmup}"
-                                           f"_s{args.hmc_samples}_{group}.ckpt")
+                                           f"_s{args.hmc_samples}_{group}_{tag}.ckpt")
     res = sard.sample(model, Z, t, jax.random.PRNGKey(args.seed + 11), sigma2=sigma2, group=group,
                       init_params=params, functions={"sim": lambda p: ard.simulate(model, p, ut, yt, LAG)},
                       keep_position=False, num_chains=args.hmc_chains, num_warmup=args.hmc_warmup,
@@ -273,7 +280,7 @@ def run(args) -> Report:
             if protocol == "honest":
                 name = f"seed{args.seed}_refit_{method}.json"
                 conf = {**base, "settings": settings, "choice": choice, "finetune_epochs": args.finetune_epochs,
-                        "finetune_lr": args.finetune_lr}
+                        "finetune_lr": args.finetune_lr, "finetune_clip": args.finetune_clip, "keep_best": True}
                 refit = report.cell(os.path.join(cells_dir, name), conf,
                                     lambda m=method, s=settings, c=choice: {"repeats": _refit(args, split, keys, m, s,
                                                                                                 c, log)}, log=log)
@@ -290,10 +297,12 @@ def run(args) -> Report:
                       lambda: _uncertainty(args, split, first, log), log=log)
     hmc = None
     if not args.no_hmc:
+        # the chains start at repeat 0's network: its digest keys the cell and the sampler's checkpoint
+        digest = hashlib.sha1(json.dumps([first["params"], first["masks"], first["sigma2"]]).encode()).hexdigest()
         hconf = {**base, "chains": args.hmc_chains, "warmup": args.hmc_warmup, "samples": args.hmc_samples,
-                 "setting": first["setting"], "round": first["round"]}
+                 "setting": first["setting"], "round": first["round"], "start": digest[:12]}
         hmc = report.cell(os.path.join(cells_dir, f"seed{args.seed}_hmc.json"), hconf,
-                          lambda: _hmc(args, split, first, first["setting"][0], log), log=log)
+                          lambda: _hmc(args, split, first, first["setting"][0], digest[:12], log), log=log)
     unc = _nan_scalars(unc)
     hmc = _nan_scalars(hmc) if hmc else None
     figures = [_figure_simulation(args, split, results, unc, hmc), _figure_sparsity(args, first)]

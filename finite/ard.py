@@ -866,16 +866,24 @@ def simulation_rmse(y_sim, y, m: int, *, include_initial: bool = True):
 
 def finetune_simulation(model: ArdMLP, params, masks, u, y, n_a: int, n_b: int | None = None, *,
                         epochs: int = 500, learning_rate: float = 1e-3, windows: int | None = None,
-                        window_length: int | None = None, key=None):
+                        window_length: int | None = None, key=None, clip_norm: float | None = 1.0,
+                        keep_best: bool = True):
     """Our addition: fine-tune a one-step-trained network on the free-run (simulation) error of the record
     ``(u, y)``, the gradient taken through the ``lax.scan`` of :func:`simulate`; pruned weights stay pruned.
     With ``windows``/``window_length`` the loss averages free runs over that many random sub-records (started
     from measured outputs) instead of the whole record, which keeps the gradient of a long unstable run in check.
-    Returns ``(params, losses (epochs,))``."""
+
+    The gradient of a long free run can explode when the recursion passes near instability: ``clip_norm`` clips
+    its global norm before Adam (``None``: no clipping), and ``keep_best`` returns the parameters with the lowest
+    loss seen on this record (the loss is evaluated before every update; the record is the training record, so
+    this is a choice on training data only). Returns ``(params, losses (epochs,))``."""
     n_b = n_a if n_b is None else n_b
     m = max(n_a, n_b)
     u, y = jnp.asarray(u), jnp.asarray(y)
-    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, epochs))
+    if clip_norm is not None:
+        check_positive(clip_norm, "clip_norm", "finetune_simulation")
+    adam = optax.adam(optax.cosine_decay_schedule(learning_rate, epochs))
+    opt = adam if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adam)
     T = u.shape[0]
     if windows is not None:
         if window_length is None or not (m < window_length <= T):
@@ -898,15 +906,19 @@ def finetune_simulation(model: ArdMLP, params, masks, u, y, n_a: int, n_b: int |
     @jax.jit
     def train(p):
         def step(carry, e):
-            p, o = carry
+            p, o, best, best_loss = carry
             k = jax.random.fold_in(key, e) if key is not None else None
             loss, g = jax.value_and_grad(loss_fn)(p, k)
+            better = jnp.isfinite(loss) & (loss < best_loss)
+            best = jax.tree_util.tree_map(lambda a, b: jnp.where(better, a, b), p, best)
+            best_loss = jnp.where(better, loss, best_loss)
             g = tuple(Layer(gl.W * mm, gl.b) for gl, mm in zip(g, masks))
             upd, o = opt.update(g, o, p)
             p = optax.apply_updates(p, upd)
-            return (tuple(Layer(pl.W * mm, pl.b) for pl, mm in zip(p, masks)), o), loss
-        (p, _), losses = jax.lax.scan(step, (p, opt.init(p)), jnp.arange(epochs))
-        return p, losses
+            return (tuple(Layer(pl.W * mm, pl.b) for pl, mm in zip(p, masks)), o, best, best_loss), loss
+        init = (p, opt.init(p), p, jnp.asarray(jnp.inf, u.dtype))
+        (p, _, best, _), losses = jax.lax.scan(step, init, jnp.arange(epochs))
+        return (best if keep_best else p), losses
     return train(tuple(params))
 
 

@@ -319,6 +319,19 @@ def test_finetuning_on_simulation_error_lowers_it_and_keeps_pruned_weights():
     after = float(ard.simulation_rmse(ard.simulate(model, tuned, u, y, 1), y, 1))
     assert after < 0.5 * before
     assert float(tuned[0].W[0, 0]) == 0.0
+    # keep_best returns the iterate of the lowest loss seen: its simulation MSE is min(losses)
+    mse = float(jnp.mean((ard.simulate(model, tuned, u, y, 1)[1:] - y[1:]) ** 2))
+    np.testing.assert_allclose(mse, float(jnp.min(losses)), rtol=1e-10)
+    # a step far too large: without clipping and keep_best the run ends worse than it started, with them never
+    wild, wl = ard.finetune_simulation(model, params, masks, u, y, 1, epochs=60, learning_rate=3.0, clip_norm=None,
+                                       keep_best=False)
+    safe, sl = ard.finetune_simulation(model, params, masks, u, y, 1, epochs=60, learning_rate=3.0)
+    start = float(jnp.mean((ard.simulate(model, params, u, y, 1)[1:] - y[1:]) ** 2))
+    end_safe = float(jnp.mean((ard.simulate(model, safe, u, y, 1)[1:] - y[1:]) ** 2))
+    end_wild = float(jnp.mean((ard.simulate(model, wild, u, y, 1)[1:] - y[1:]) ** 2))
+    assert end_safe <= start and not end_wild <= start, (start, end_safe, end_wild)
+    with pytest.raises(ValueError, match="clip_norm"):
+        ard.finetune_simulation(model, params, masks, u, y, 1, epochs=2, clip_norm=-1.0)
 
 
 def test_hmc_of_an_ard_linear_model_matches_its_closed_form():
