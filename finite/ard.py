@@ -69,6 +69,7 @@ __all__ = ["ACTIVATIONS", "GROUPS", "HESSIANS", "PENALTIES", "Layer", "ArdMLP", 
            "layer_hessians", "autodiff_layer_hessians", "preactivation_hessians", "hyper_update", "dead_weights",
            "prune", "ArdFit",
            "fit", "fit_repeats", "select_round", "fraction_remaining", "LaplacePosterior", "laplace",
+           "laplace_simulation", "linearised_predictive",
            "sample_laplace", "simulate", "simulation_rmse", "finetune_simulation", "log_density",
            "position_to_params", "init_position"]
 
@@ -779,17 +780,7 @@ def laplace(model: ArdMLP, params, state: ArdState, Z, y, *, weights=None, hessi
         if hessian != "gauss-newton":
             raise ValueError(f"laplace: structure='network' uses the network's Gauss-Newton matrix; pass "
                              f"hessian='gauss-newton' (got {hessian!r})")
-        sizes = [a * b for a, b in model.shapes]
-        flat = jnp.concatenate([p.W.ravel() for p in params])
-
-        def out(vec):
-            parts = jnp.split(vec, np.cumsum(sizes)[:-1])
-            return model.apply(tuple(Layer(v.reshape(p.W.shape), p.b) for v, p in zip(parts, params)), Z)
-
-        J = jax.jacfwd(out)(flat)
-        G = (J * w[:, None]).T @ J / state.sigma2
-        v = jnp.concatenate([(u * m).ravel() for u, m in zip(state.upsilon, state.masks)])
-        return LaplacePosterior(tuple(params), (_scaled_factor(v, G),), tuple(state.masks), "network")
+        return _joint_laplace(params, state, lambda p: model.apply(p, Z), w, state.sigma2)
     if hessian not in HESSIANS:
         raise ValueError(f"laplace: unknown hessian {hessian!r}; choose from {HESSIANS}")
     H = layer_hessians(model, params, Z, y, w, state.sigma2, hessian)
@@ -801,6 +792,41 @@ def laplace(model: ArdMLP, params, state: ArdState, Z, y, *, weights=None, hessi
         else:
             factors.append(_scaled_factor(v.ravel(), Hl))
     return LaplacePosterior(tuple(params), tuple(factors), tuple(state.masks), "layer")
+
+
+def _joint_laplace(params, state: ArdState, outputs: Callable, w, sigma2) -> LaplacePosterior:
+    """``N(W*, (J^T diag(w) J / sigma2 + Upsilon^{-1})^{-1})`` over all layers' weights, ``J`` the Jacobian of
+    ``outputs(params) -> (T,)`` with respect to the concatenated row-major weights (biases held fixed)."""
+    sizes = [p.W.size for p in params]
+    flat = jnp.concatenate([p.W.ravel() for p in params])
+
+    def out(vec):
+        parts = jnp.split(vec, np.cumsum(sizes)[:-1])
+        return outputs(tuple(Layer(v.reshape(p.W.shape), p.b) for v, p in zip(parts, params)))
+
+    J = jax.jacfwd(out)(flat)
+    G = (J * w[:, None]).T @ J / sigma2
+    v = jnp.concatenate([(u * m).ravel() for u, m in zip(state.upsilon, state.masks)])
+    return LaplacePosterior(tuple(params), (_scaled_factor(v, G),), tuple(state.masks), "network")
+
+
+def laplace_simulation(model: ArdMLP, params, state: ArdState, u, y, n_a: int, n_b: int | None = None, *,
+                       sigma2=None) -> LaplacePosterior:
+    """Our addition: the joint Laplace posterior of the *output-error* (free-run) model ``y(t) = sim_t(u; W) + e``,
+    ``e ~ N(0, sigma2)``, for a network fine-tuned on its simulation error (:func:`finetune_simulation`):
+    ``N(W*, (J^T J / sigma2 + Upsilon^{-1})^{-1})`` with ``J`` the Jacobian of the free run over the record
+    ``(u, y)`` (after its ``max(n_a, n_b)`` measured start) through the ``lax.scan`` of :func:`simulate`, and
+    ``sigma2`` by default the free run's MSE there. The one-step posterior (:func:`laplace`) constrains only the
+    directions the one-step predictions see; the free run also depends on directions they leave at their prior
+    variance, so its sampled free runs spread far wider than the errors of the free run itself."""
+    n_b = n_a if n_b is None else n_b
+    m = max(n_a, n_b)
+    u, y = jnp.asarray(u), jnp.asarray(y)
+    if sigma2 is None:
+        sigma2 = jnp.mean((simulate(model, params, u, y, n_a, n_b)[m:] - y[m:]) ** 2)
+    sigma2 = check_positive(sigma2, "sigma2", "laplace_simulation")
+    return _joint_laplace(params, state, lambda p: simulate(model, p, u, y, n_a, n_b)[m:],
+                          jnp.ones(y.shape[0] - m, y.dtype), sigma2)
 
 
 def sample_laplace(key, post: LaplacePosterior, num_samples: int):
@@ -824,6 +850,36 @@ def sample_laplace(key, post: LaplacePosterior, num_samples: int):
             out.append(Layer(W * m, p.b))
         return tuple(out)
     return jax.vmap(one)(jax.random.split(key, num_samples))
+
+
+def linearised_predictive(post: LaplacePosterior, fn: Callable):
+    """The predictive of ``fn(params) -> (T,)`` (one-step outputs, a free run, ...) under the Laplace posterior
+    *linearised* at its mean, ``fn(W) ~ fn(W*) + J (W - W*)``: returns ``(fn(W*), std (T,))`` with
+    ``std_t^2 = [J Sigma J^T]_tt`` (parameter uncertainty only; add the noise variance for a band of
+    observations). Where ``fn`` is strongly non-linear in the weights -- a free run near the edge of stability --
+    sampled weights (:func:`sample_laplace`) can leave the region where the Gaussian is meaningful and diverge;
+    the linearised predictive (the GLM predictive of the linearised network) stays in it."""
+    mean = fn(tuple(post.mean))
+    if post.structure == "network":
+        (F,) = post.factors
+        sizes = [p.W.size for p in post.mean]
+        flat = jnp.concatenate([p.W.ravel() for p in post.mean])
+
+        def g(vec):
+            parts = jnp.split(vec, np.cumsum(sizes)[:-1])
+            return fn(tuple(Layer(v.reshape(p.W.shape), p.b) for v, p in zip(parts, post.mean)))
+        JF = jax.jacfwd(g)(flat) @ F
+        return mean, jnp.sqrt(jnp.sum(JF * JF, axis=1))
+    var = jnp.zeros_like(mean)
+    for l, (p, F) in enumerate(zip(post.mean, post.factors)):
+        def g(W, l=l):
+            ps = list(post.mean)
+            ps[l] = Layer(W, ps[l].b)
+            return fn(tuple(ps))
+        J = jax.jacfwd(g)(p.W).reshape(mean.shape[0], -1)
+        JF = J * F.ravel()[None, :] if F.shape == p.W.shape else J @ F
+        var = var + jnp.sum(JF * JF, axis=1)
+    return mean, jnp.sqrt(var)
 
 
 # ---------------------------------------------------------------------------

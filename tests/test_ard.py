@@ -280,6 +280,61 @@ def test_network_laplace_is_the_inverse_of_the_gauss_newton_matrix_plus_prior_pr
         ard.laplace(model, params, state, Z, y, structure="joint")
 
 
+def test_simulation_laplace_is_the_gauss_newton_posterior_of_the_free_run():
+    rng = np.random.default_rng(4)
+    T = 40
+    u, y = rng.uniform(-1, 1, T), 0.3 * rng.standard_normal(T)
+    model = ard.mlp((2 + 1 + 2, 3, 1), "tanh")
+    params = model.init(jax.random.PRNGKey(5), jnp.float64)
+    state = ard.init_state(model, ard.ArdConfig(group="element"), jnp.float64)
+    masks = (jnp.ones((5, 3)).at[4, 2].set(0.0), jnp.ones((3, 1)))
+    ups = tuple(jnp.asarray(rng.uniform(0.2, 2.0, s)) for s in model.shapes)
+    state = state._replace(upsilon=ups, masks=masks)
+    post = ard.laplace_simulation(model, params, state, u, y, 2)
+    sim = ard.simulate(model, params, u, y, 2)
+    sigma2 = float(jnp.mean((sim[2:] - y[2:]) ** 2))
+    flat = jnp.concatenate([p.W.ravel() for p in params])
+
+    def free_run(vec):
+        W1, W2 = vec[:15].reshape(5, 3), vec[15:].reshape(3, 1)
+        return ard.simulate(model, (ard.Layer(W1, params[0].b), ard.Layer(W2, params[1].b)), u, y, 2)[2:]
+
+    f0, lin = jax.linearize(free_run, flat)
+    G = jax.hessian(lambda v: 0.5 * jnp.sum((f0 + lin(v - flat) - y[2:]) ** 2) / sigma2)(flat)
+    keep = np.concatenate([np.asarray(m).ravel() for m in masks]) > 0
+    prior = np.concatenate([np.asarray(v).ravel() for v in ups])
+    direct = np.linalg.inv(np.asarray(G)[np.ix_(keep, keep)] + np.diag(1 / prior[keep]))
+    cov = np.asarray(post.factors[0] @ post.factors[0].T)
+    np.testing.assert_allclose(cov[np.ix_(keep, keep)], direct, rtol=1e-8, atol=1e-12)
+    assert np.all(cov[~keep] == 0) and post.structure == "network"
+    with pytest.raises(ValueError, match="sigma2"):
+        ard.laplace_simulation(model, params, state, u, y, 2, sigma2=-1.0)
+
+
+@pytest.mark.parametrize("structure,hessian", [("network", "gauss-newton"), ("layer", "exact"), ("layer", "diagonal")])
+def test_linearised_predictive_of_a_linear_model_is_exact(structure, hessian):
+    # a one-layer network is linear in its weights: the linearised predictive is the exact Gaussian predictive
+    rng = np.random.default_rng(7)
+    Z = jnp.asarray(rng.standard_normal((20, 3)))
+    y = jnp.asarray(rng.standard_normal(20))
+    model = ard.mlp((3, 1))
+    params = model.init(jax.random.PRNGKey(0), jnp.float64)
+    state = ard.init_state(model, ard.ArdConfig(group="element"), jnp.float64)
+    state = state._replace(upsilon=(jnp.asarray([[0.5], [2.0], [0.1]]),), masks=(jnp.asarray([[1.0], [1.0], [0.0]]),),
+                           sigma2=jnp.asarray(0.4))
+    post = ard.laplace(model, params, state, Z, y, hessian=hessian, structure=structure)
+    Xn = jnp.asarray(rng.standard_normal((7, 3)))
+    mean, std = ard.linearised_predictive(post, lambda p: model.apply(p, Xn))
+    F = post.factors[0]
+    cov = np.asarray(F @ F.T) if F.shape != (3, 1) else np.diag(np.asarray(F).ravel() ** 2)
+    np.testing.assert_allclose(std, np.sqrt(np.einsum("ti,ij,tj->t", np.asarray(Xn), cov, np.asarray(Xn))),
+                               rtol=1e-10)
+    np.testing.assert_allclose(mean, model.apply(params, Xn))
+    draws = ard.sample_laplace(jax.random.PRNGKey(2), post, 4000)
+    mc = np.asarray(jax.vmap(lambda p: model.apply(p, Xn))(draws)).std(axis=0)
+    np.testing.assert_allclose(mc, std, rtol=0.08)
+
+
 def test_simulator_reproduces_the_one_step_predictor_and_a_linear_recursion():
     rng = np.random.default_rng(0)
     u, y = rng.standard_normal(50), rng.standard_normal(50)
