@@ -749,12 +749,17 @@ class LaplacePosterior(NamedTuple):
     the row-major vectorised weights (dense Hessians), or the ``(n_in, n_out)`` standard deviations (diagonal).
     ``structure="network"``: one Gaussian over all layers' weights at once (concatenated in layer order, each
     row-major), ``Sigma = (G + Upsilon^{-1})^{-1}`` with ``G = J^T diag(w) J / sigma^2`` the Gauss-Newton matrix of
-    the whole network; ``factors`` is a 1-tuple holding its ``F``."""
+    the whole network; ``factors`` is a 1-tuple holding its ``F``. ``structure`` is read off the factors (one
+    factor for several layers), so that the posterior is a pytree of arrays only (``jit``/``vmap`` take it); for a
+    one-layer network the two structures coincide."""
 
     mean: tuple
     factors: tuple
     masks: tuple
-    structure: str = "layer"
+
+    @property
+    def structure(self) -> str:
+        return "network" if len(self.factors) == 1 and len(self.mean) > 1 else "layer"
 
 
 def _scaled_factor(v, H):
@@ -791,7 +796,7 @@ def laplace(model: ArdMLP, params, state: ArdState, Z, y, *, weights=None, hessi
             factors.append(jnp.sqrt(v / (1.0 + v * jnp.clip(Hl, 0.0, None))))
         else:
             factors.append(_scaled_factor(v.ravel(), Hl))
-    return LaplacePosterior(tuple(params), tuple(factors), tuple(state.masks), "layer")
+    return LaplacePosterior(tuple(params), tuple(factors), tuple(state.masks))
 
 
 def _joint_laplace(params, state: ArdState, outputs: Callable, w, sigma2) -> LaplacePosterior:
@@ -807,7 +812,7 @@ def _joint_laplace(params, state: ArdState, outputs: Callable, w, sigma2) -> Lap
     J = jax.jacfwd(out)(flat)
     G = (J * w[:, None]).T @ J / sigma2
     v = jnp.concatenate([(u * m).ravel() for u, m in zip(state.upsilon, state.masks)])
-    return LaplacePosterior(tuple(params), (_scaled_factor(v, G),), tuple(state.masks), "network")
+    return LaplacePosterior(tuple(params), (_scaled_factor(v, G),), tuple(state.masks))
 
 
 def laplace_simulation(model: ArdMLP, params, state: ArdState, u, y, n_a: int, n_b: int | None = None, *,

@@ -252,6 +252,10 @@ def test_network_laplace_is_the_inverse_of_the_gauss_newton_matrix_plus_prior_pr
     state = state._replace(upsilon=ups, masks=masks, sigma2=jnp.asarray(0.3))
     post = ard.laplace(model, params, state, Z, y, weights=w, hessian="gauss-newton", structure="network")
     assert post.structure == "network" and len(post.factors) == 1
+    # a pytree of arrays only: jit takes it, and draws equal the eager ones
+    jitted = jax.jit(ard.sample_laplace, static_argnums=2)(jax.random.PRNGKey(9), post, 5)
+    eager = ard.sample_laplace(jax.random.PRNGKey(9), post, 5)
+    np.testing.assert_allclose(jitted[1].W, eager[1].W, rtol=1e-10)
 
     sizes = [a * b for a, b in model.shapes]
     flat = jnp.concatenate([p.W.ravel() for p in params])
