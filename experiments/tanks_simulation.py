@@ -51,7 +51,9 @@ def add_arguments(parser):
     parser.add_argument("--learning-rate", type=float, default=1e-2, help="Adam learning rate (cosine-annealed)")
     parser.add_argument("--hessian", default="exact", help="Hessian option of finite.ard (exact, gauss-newton, ...)")
     parser.add_argument("--validation", type=int, default=256, help="held-out estimation samples for selection")
-    parser.add_argument("--finetune-epochs", type=int, default=300, help="free-run fine-tuning epochs (0: none)")
+    parser.add_argument("--finetune-epochs", type=int, default=100,
+                        help="free-run fine-tuning epochs (0: none); 100 was chosen on the validation part "
+                             "(scripts/tanks_finetune_study.py)")
     parser.add_argument("--finetune-lr", type=float, default=1e-3, help="fine-tuning learning rate")
     parser.add_argument("--finetune-clip", type=float, default=1.0,
                         help="global-norm clip of the fine-tuning gradient (0: none); the iterate of the lowest "
@@ -206,6 +208,7 @@ def _uncertainty(args, split, first, log):
     import jax
     import jax.numpy as jnp
 
+    from experiments import metrics
     from finite import ard
 
     model = ard.mlp(SIZES)
@@ -215,8 +218,6 @@ def _uncertainty(args, split, first, log):
     Z, t = ard.narx_regressors(*split.est, LAG)
     ue, ye = (jnp.asarray(a) for a in split.est)
     ut, yt = (jnp.asarray(a) for a in split.test)
-    from experiments import metrics
-
     cells = {}
     y = np.asarray(yt)
     sigma2_sim = float(jnp.mean((ard.simulate(model, params, ue, ye, LAG)[LAG:] - ye[LAG:]) ** 2))
@@ -318,14 +319,15 @@ def run(args) -> Report:
                      "test_excl": float(c[0]), "frac": float(np.asarray(grid[settings[c[1]]]["frac"])[r, c[2]]),
                      "setting": list(settings[c[1]]), "round": c[2]} for r, c in enumerate(choice)]
     first = results[("honest", "ours")][0]
+    # the bands are those of repeat 0's network: a digest of what each uses keys its cell (and HMC's checkpoint)
+    digest = hashlib.sha1(json.dumps([first["params"], first["masks"], first["sigma2"]]).encode()).hexdigest()
+    prior = hashlib.sha1(json.dumps(first["upsilon"]).encode()).hexdigest()
     unc = report.cell(os.path.join(cells_dir, f"seed{args.seed}_laplace.json"),
                       {**base, "draws": args.laplace_draws, "setting": first["setting"], "round": first["round"],
-                       "structures": list(LAPLACE_BANDS)},
+                       "structures": list(LAPLACE_BANDS), "start": digest[:12], "prior": prior[:12]},
                       lambda: _uncertainty(args, split, first, log), log=log)
     hmc = None
     if not args.no_hmc:
-        # the chains start at repeat 0's network: its digest keys the cell and the sampler's checkpoint
-        digest = hashlib.sha1(json.dumps([first["params"], first["masks"], first["sigma2"]]).encode()).hexdigest()
         hconf = {**base, "chains": args.hmc_chains, "warmup": args.hmc_warmup, "samples": args.hmc_samples,
                  "setting": first["setting"], "round": first["round"], "start": digest[:12]}
         hmc = report.cell(os.path.join(cells_dir, f"seed{args.seed}_hmc.json"), hconf,
