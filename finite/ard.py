@@ -799,17 +799,23 @@ def laplace(model: ArdMLP, params, state: ArdState, Z, y, *, weights=None, hessi
     return LaplacePosterior(tuple(params), tuple(factors), tuple(state.masks))
 
 
+def _flat_weights(params):
+    """All layers' weights concatenated, each row-major (the coordinates of the joint Laplace posterior)."""
+    return jnp.concatenate([p.W.ravel() for p in params])
+
+
+def _with_flat_weights(params, vec, scale=None):
+    """``params`` with the weights replaced by the flat vector ``vec`` (:func:`_flat_weights`' layout), each
+    layer's weights multiplied by ``scale[l]`` when given (masks); biases kept."""
+    parts = jnp.split(vec, np.cumsum([p.W.size for p in params])[:-1])
+    scale = (1.0,) * len(params) if scale is None else scale
+    return tuple(Layer(v.reshape(p.W.shape) * sc, p.b) for v, p, sc in zip(parts, params, scale))
+
+
 def _joint_laplace(params, state: ArdState, outputs: Callable, w, sigma2) -> LaplacePosterior:
     """``N(W*, (J^T diag(w) J / sigma2 + Upsilon^{-1})^{-1})`` over all layers' weights, ``J`` the Jacobian of
     ``outputs(params) -> (T,)`` with respect to the concatenated row-major weights (biases held fixed)."""
-    sizes = [p.W.size for p in params]
-    flat = jnp.concatenate([p.W.ravel() for p in params])
-
-    def out(vec):
-        parts = jnp.split(vec, np.cumsum(sizes)[:-1])
-        return outputs(tuple(Layer(v.reshape(p.W.shape), p.b) for v, p in zip(parts, params)))
-
-    J = jax.jacfwd(out)(flat)
+    J = jax.jacfwd(lambda vec: outputs(_with_flat_weights(params, vec)))(_flat_weights(params))
     G = (J * w[:, None]).T @ J / sigma2
     v = jnp.concatenate([(u * m).ravel() for u, m in zip(state.upsilon, state.masks)])
     return LaplacePosterior(tuple(params), (_scaled_factor(v, G),), tuple(state.masks))
@@ -838,11 +844,10 @@ def sample_laplace(key, post: LaplacePosterior, num_samples: int):
     """``num_samples`` parameter draws from :class:`LaplacePosterior` (stacked on a leading axis)."""
     if post.structure == "network":
         (F,) = post.factors
-        sizes = [p.W.size for p in post.mean]
+        flat = _flat_weights(post.mean)
 
         def joint(k):
-            delta = jnp.split(F @ jax.random.normal(k, (F.shape[1],), F.dtype), np.cumsum(sizes)[:-1])
-            return tuple(Layer((p.W + d.reshape(p.W.shape)) * m, p.b) for p, d, m in zip(post.mean, delta, post.masks))
+            return _with_flat_weights(post.mean, flat + F @ jax.random.normal(k, (F.shape[1],), F.dtype), post.masks)
         return jax.vmap(joint)(jax.random.split(key, num_samples))
 
     def one(k):
@@ -867,13 +872,7 @@ def linearised_predictive(post: LaplacePosterior, fn: Callable):
     mean = fn(tuple(post.mean))
     if post.structure == "network":
         (F,) = post.factors
-        sizes = [p.W.size for p in post.mean]
-        flat = jnp.concatenate([p.W.ravel() for p in post.mean])
-
-        def g(vec):
-            parts = jnp.split(vec, np.cumsum(sizes)[:-1])
-            return fn(tuple(Layer(v.reshape(p.W.shape), p.b) for v, p in zip(parts, post.mean)))
-        JF = jax.jacfwd(g)(flat) @ F
+        JF = jax.jacfwd(lambda vec: fn(_with_flat_weights(post.mean, vec)))(_flat_weights(post.mean)) @ F
         return mean, jnp.sqrt(jnp.sum(JF * JF, axis=1))
     var = jnp.zeros_like(mean)
     for l, (p, F) in enumerate(zip(post.mean, post.factors)):
