@@ -58,6 +58,7 @@ __all__ = [
     "gather_effective",
     "scatter_effective",
     "apply_effective",
+    "node_activations",
     "effective_validity",
     "ineffective_masks",
     "bucket_sizes",
@@ -180,6 +181,30 @@ def _forward(params, masks, x, buckets=None):
             prev_idx = idx
     W, b = params[-1]
     return h @ (W if prev_idx is None else W[prev_idx]) + b
+
+
+def node_activations(params, masks, x, buckets=None):
+    """Per hidden layer ``l``, the ReLU outputs ``max(h_{l-1} W_l + b_l, 0)`` of *all* ``p_l`` nodes, before the mask.
+
+    ``h_{l-1}`` is the masked output of the layer below (``x`` for the first layer), so the result for layer ``l``
+    depends on the weights and biases of layers ``1..l`` and on the masks of the layers *below* ``l`` only, not on
+    ``m_l``. With ``buckets`` the layer below is compacted to its active nodes (``buckets[l-1]`` must hold them), so
+    layer ``l`` costs ``n x B_{l-1} x p_l``; the values equal the full-width ones. Returns a list of ``(n, p_l)``.
+    """
+    if buckets is not None and len(buckets) != len(masks):
+        raise ValueError(f"node_activations: {len(buckets)} buckets for {len(masks)} masked layers")
+    out, h, prev_idx = [], x, None
+    for l, ((W, b), m) in enumerate(zip(params[:-1], masks)):
+        a = jnp.maximum(h @ (W if prev_idx is None else W[prev_idx]) + b, 0.0)
+        out.append(a)
+        B = None if buckets is None else buckets[l]
+        if B is None or B >= m.shape[0]:
+            h, prev_idx = a * m, None
+        else:
+            on = jax.lax.stop_gradient(m) > 0.5
+            idx = jnp.nonzero(on, size=B, fill_value=0)[0]
+            h, prev_idx = a[:, idx] * jnp.where(jnp.arange(B) < jnp.sum(on), m[idx], 0.0), idx
+    return out
 
 
 class EffectiveIndex(NamedTuple):

@@ -28,7 +28,9 @@ One iteration, for the state ``(theta, M, sigma^2)``:
    leapfrog step touches all ~1.2 million weights. Both are valid kernels
    for the same conditional; the blocked one costs O(active) per leapfrog.
 2. ``n_mh`` birth/death moves of the masks (`samplers.masks`), with
-   ``theta`` and ``sigma^2`` fixed;
+   ``theta`` and ``sigma^2`` fixed; then ``n_transfer`` (default 0) merge/split
+   moves (`samplers.masks.transfer_move`), which change a mask entry and one
+   row of outgoing weights together;
 3. a Gibbs draw ``sigma^2 ~ InvGamma(a + n/2, b + SSE/2)`` (regression).
 
 Every piece leaves the joint posterior invariant, so the composition does.
@@ -75,7 +77,7 @@ from finite.masked import (
 from samplers.driver import chain_diagnostics, load_checkpoint, phase_summary, run_chunks, save_checkpoint
 from samplers.hmc import hmc_step, step_size_adaptation
 from samplers.hmc import pool_min_step as pool_min_da
-from samplers.masks import check_proposals, mask_move
+from samplers.masks import check_proposals, mask_move, transfer_move
 
 __all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "sample", "SampleResult", "diagnostics"]
 
@@ -178,6 +180,8 @@ class MBNNInfo(NamedTuple):
     sigma2: jnp.ndarray
     loglik: jnp.ndarray
     overflow: jnp.ndarray  # bool: a mask during the moves outgrew the compacted blocks; the iteration is void
+    merges: Any = None  # accepted merge moves (`samplers.masks.transfer_move`); None in checkpoints written before
+    splits: Any = None  # accepted split moves
 
 
 _STEP_CACHE: OrderedDict = OrderedDict()
@@ -217,11 +221,13 @@ class MBNNSampler:
     sigma2_init: float
     refresh_every: int
     step_scale: float
+    n_transfer: int = 0
+    transfer_kappa: float = 100.0
 
     @property
     def slack(self) -> int:
         """Nodes one iteration's mask moves can add to a layer (the headroom a bucket needs)."""
-        return self.n_mh * self.n_max if self.model.masked else 0
+        return self.n_mh * self.n_max + self.n_transfer if self.model.masked else 0
 
     def _da(self):
         return step_size_adaptation(self.target_accept, gamma=self.da_gamma, t0=self.da_t0, kappa=self.da_kappa)
@@ -246,7 +252,7 @@ class MBNNSampler:
         return (m.net, m.likelihood, m.prior_scale, m.lam, m.n, tuple(m.x.shape), str(m.x.dtype), m.sigma2_prior[0],
                 self.num_integration_steps, self.n_mh, self.n_max, self.birth, self.death, self.authors_guard,
                 self.theta_kernel, self.target_accept, self.da_gamma, self.da_t0, self.da_kappa, self.refresh_every,
-                self.step_scale)
+                self.step_scale, self.n_transfer, self.transfer_kappa)
 
     def step(self, key, state: MBNNState, adapt=False, buckets=None, refresh: bool = True,
              reference: bool = False, data=None):
@@ -291,9 +297,9 @@ class MBNNSampler:
             return jnp.stack([jnp.sum(m) for m in ms]).astype(jnp.int32)
 
         overflow = jnp.any(counts(masks) > capacity)
+        # gradient-weighted births need d l / d m_j at inactive nodes: only the full-width pass has them
+        mbuckets = None if self.birth != "uniform" else buckets
         if model.masked and self.n_mh > 0:
-            # gradient-weighted births need d l / d m_j at inactive nodes: only the full-width pass has them
-            mbuckets = None if self.birth != "uniform" else buckets
 
             def value_and_grad(ms):
                 return jax.value_and_grad(lambda m: model.loglik(params, m, state.sigma2, mbuckets, xy)[0])(ms)
@@ -313,6 +319,25 @@ class MBNNSampler:
                 one_move, (masks, ll, grads, n_acc, births, deaths, overflow), jax.random.split(k_mask, self.n_mh))
             overflow = overflow | jnp.any(counts(masks) > capacity)
 
+        merges = splits = jnp.zeros((), jnp.int32)
+        if model.masked and self.n_transfer > 0:
+            def value(p, ms):
+                return model.loglik(p, ms, state.sigma2, buckets, xy)[0]
+
+            def one_transfer(carry, k):
+                prm, ms, ll, nm, ns, ov = carry
+                if buckets is not None:
+                    ov = ov | jnp.any(counts(ms) + 1 > capacity)
+                prm, ms, ll, tinfo = transfer_move(k, prm, ms, ll, value, c=model.c, prior_scale=model.prior_scale,
+                                                   kappa=self.transfer_kappa, x=xy[0], buckets=buckets)
+                a = tinfo.accepted.astype(jnp.int32)
+                return (prm, ms, ll, nm + a * (~tinfo.split), ns + a * tinfo.split, ov), None
+
+            (params, masks, _, merges, splits, overflow), _ = jax.lax.scan(
+                one_transfer, (params, masks, value(params, masks), merges, splits, overflow),
+                jax.random.split(jax.random.fold_in(k_mask, 1), self.n_transfer))
+            overflow = overflow | jnp.any(counts(masks) > capacity)
+
         ll, sse = model.loglik(params, masks, state.sigma2, buckets, xy)
         sigma2 = state.sigma2
         if model.likelihood == "gaussian":
@@ -321,7 +346,7 @@ class MBNNSampler:
         info = MBNNInfo(hmc_acceptance=hinfo.acceptance_rate, hmc_accepted=hinfo.is_accepted,
                         divergent=hinfo.is_divergent,
                         step_size=eps, mask_accepted=n_acc, births=births, deaths=deaths, active=active,
-                        sigma2=sigma2, loglik=ll, overflow=overflow)
+                        sigma2=sigma2, loglik=ll, overflow=overflow, merges=merges, splits=splits)
         return MBNNState(params, masks, sigma2, da, state.iteration + 1), info
 
     def refresh(self, key, params, masks, eps):
@@ -443,7 +468,8 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
                  n_mh: int = 10, n_max: int = 3, birth: str = "uniform", death: str = "sensitivity",
                  authors_guard: bool = False, theta_kernel: str = "hmc", target_accept: float = 0.7,
                  da_gamma: float = 0.2, da_t0: float = 10.0, da_kappa: float = 0.75,
-                 sigma2_init: float = 1.0, refresh_every: int = 10, step_scale: float = 0.5) -> MBNNSampler:
+                 sigma2_init: float = 1.0, refresh_every: int = 10, step_scale: float = 0.5, n_transfer: int = 0,
+                 transfer_kappa: float = 100.0) -> MBNNSampler:
     """Build the sampler. ``step_size`` defaults to the authors' ``1e-2 / n`` (UCI).
 
     step_scale: after burn-in the HMC step is this fraction of the dual-averaging result (1 = the authors').
@@ -453,6 +479,10 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
     divergent trajectories almost every iteration, R-hat 2.6), at half of it they keep acceptance 0.8-0.95.
 
     refresh_every: iterations between updates of the ineffective weights (see the module docstring).
+
+    n_transfer: merge/split moves per iteration after the birth/death moves (`samplers.masks.transfer_move`: a
+    node switched off with its outgoing weights handed to the most similar node, and the inverse); 0, the
+    default, is the paper's sampler. transfer_kappa: how sharply the partner is chosen by activation similarity.
     """
     if int(refresh_every) < 1:
         raise ValueError(f"mbnn_sampler: refresh_every must be >= 1, got {refresh_every}")
@@ -463,6 +493,10 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
         raise ValueError(f"mbnn_sampler: num_integration_steps must be >= 1, got {num_integration_steps}")
     if int(n_mh) < 0:
         raise ValueError(f"mbnn_sampler: n_mh must be >= 0, got {n_mh}")
+    if int(n_transfer) < 0:
+        raise ValueError(f"mbnn_sampler: n_transfer must be >= 0, got {n_transfer}")
+    if not transfer_kappa >= 0:
+        raise ValueError(f"mbnn_sampler: transfer_kappa must be >= 0, got {transfer_kappa}")
     step_size = 1e-2 / model.n if step_size is None else float(step_size)
     if not step_size > 0:
         raise ValueError(f"mbnn_sampler: step_size must be > 0, got {step_size}")
@@ -474,7 +508,8 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
         raise ValueError(f"mbnn_sampler: step_scale must be in (0, 1], got {step_scale}")
     return MBNNSampler(model, int(num_integration_steps), step_size, int(n_mh) if model.masked else 0, int(n_max),
                        birth, death, bool(authors_guard), theta_kernel, float(target_accept), float(da_gamma),
-                       float(da_t0), float(da_kappa), float(sigma2_init), int(refresh_every), float(step_scale))
+                       float(da_t0), float(da_kappa), float(sigma2_init), int(refresh_every), float(step_scale),
+                       int(n_transfer) if model.masked else 0, float(transfer_kappa))
 
 
 # ---------------------------------------------------------------------------
@@ -533,6 +568,8 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
         states, key, done, seconds, draws, traces = (jax.tree_util.tree_map(jnp.asarray, saved["state"]),
                                                      jnp.asarray(saved["key"]), saved["done"], saved["seconds"],
                                                      saved["draws"], saved["traces"])
+        traces = [t if t.merges is not None else t._replace(merges=np.zeros_like(t.births),
+                                                            splits=np.zeros_like(t.births)) for t in traces]
     elif init_state is not None:
         states = init_state
     else:
@@ -641,6 +678,8 @@ def pool_min_step(states: MBNNState) -> MBNNState:
 def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_names, pool_step=None):
     s = sampler
     extra = {} if pool_step is None else {"pool_step": pool_step}  # absent by default: older checkpoints resume
+    if s.n_transfer:
+        extra.update(n_transfer=s.n_transfer, transfer_kappa=s.transfer_kappa)
     return dict(**extra, net=tuple(s.model.net), n=s.model.n, lik=s.model.likelihood, scale=s.model.prior_scale,
                 lam=s.model.lam, sigma2_prior=tuple(s.model.sigma2_prior), K=s.num_integration_steps,
                 eps=s.step_size, n_mh=s.n_mh, n_max=s.n_max, birth=s.birth, death=s.death, guard=s.authors_guard,
@@ -658,7 +697,8 @@ def diagnostics(result: SampleResult, num_burnin: int, keys=("sigma2",)) -> dict
 
     Returns:
         ``hmc_acceptance``, ``hmc_acceptance_burnin``, ``step_size``, ``divergences``, ``divergences_burnin``,
-        ``mask_acceptance`` (accepted moves per iteration), ``final_active``, ``chains``, ``iterations``, and
+        ``mask_acceptance`` (accepted birth/death moves per iteration), ``merges``, ``splits`` (per iteration),
+        ``final_active``, ``chains``, ``iterations``, and
         ``rhat_<key>``, ``ess_<key>``, ``ess_bulk_<key>``, ``ess_tail_<key>`` per key.
     """
     tr = result.traces
@@ -670,6 +710,8 @@ def diagnostics(result: SampleResult, num_burnin: int, keys=("sigma2",)) -> dict
         divergences=phases["divergences"],
         divergences_burnin=phases["divergences_warmup"],
         mask_acceptance=float(np.mean(tr["mask_accepted"])),  # accepted moves per iteration
+        merges=float(np.mean(tr["merges"])),  # accepted merge / split moves per iteration
+        splits=float(np.mean(tr["splits"])),
         final_active=np.mean(tr["active"][:, -1], axis=0).tolist(),
         chains=int(tr["active"].shape[0]),
         iterations=int(result.iterations),

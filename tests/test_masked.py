@@ -1,5 +1,6 @@
 """Masked BNNs: exactness of the mask moves (enumeration + chi-square), HMC on a conjugate model, compaction."""
 
+import functools
 import itertools
 import math
 import os
@@ -11,9 +12,17 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from finite.masked import bucket_sizes, cauchy_log_prior, gibbs_sigma2, log_mask_prior, mask_prior_strength, masked_mlp
+from finite.masked import (
+    bucket_sizes,
+    cauchy_log_prior,
+    gibbs_sigma2,
+    log_mask_prior,
+    mask_prior_strength,
+    masked_mlp,
+    node_activations,
+)
 from samplers.hmc import hmc_step, step_size_adaptation
-from samplers.masks import log_set_probability, mask_move
+from samplers.masks import log_set_probability, mask_move, transfer_log_proposal, transfer_move
 from samplers.mbnn import MaskedBNN, mbnn_sampler, sample
 
 
@@ -503,6 +512,164 @@ def test_sample_fixed_seed_regression():
                **{f"{name}/traces/{k}": v for k, v in res.traces.items()},
                **{f"{name}/state/{i}": v for i, v in enumerate(jax.tree_util.tree_leaves(res.state))}}
         expect = {k: golden[k] for k in golden.files if k.startswith(name + "/")}
-        assert sorted(got) == sorted(expect)
+        new = {f"{name}/traces/merges", f"{name}/traces/splits"}  # merge/split moves, off by default
+        assert sorted(set(got) - new) == sorted(expect)
+        assert all(not np.any(got[k]) for k in new)
         for k, v in expect.items():
             np.testing.assert_allclose(np.asarray(got[k]), v, rtol=1e-12, atol=1e-12, err_msg=k)
+
+
+# ---------------------------------------------------------------------------
+# merge/split moves
+# ---------------------------------------------------------------------------
+
+def _transfer_problem(seed=3):
+    """A (5, 4)-wide network with 3 and 2 active nodes, 12 data points; weights scaled up so nodes differ."""
+    rng = np.random.default_rng(seed)
+    net = masked_mlp(2, (5, 4), (3, 2))
+    params, masks = net.init(jax.random.PRNGKey(seed), jnp.float64)
+    params = jax.tree_util.tree_map(lambda p: 2.0 * p, params)
+    x = rng.uniform(-2, 2, (12, 2))
+    y = np.asarray(net.apply(params, masks, jnp.asarray(x)))[:, 0] + 0.3 * rng.normal(size=12)
+    model = MaskedBNN(net, x, y, prior_scale=1.0, lam=0.5, sigma2_prior=(1.0, 1.0))
+    return model, params, masks
+
+
+def test_node_activations_match_full_width_and_ignore_own_mask():
+    model, params, masks = _transfer_problem()
+    x = model.x
+    acts = node_activations(params, masks, x)
+    h1 = np.maximum(np.asarray(x) @ np.asarray(params[0][0]) + np.asarray(params[0][1]), 0.0)
+    h2 = np.maximum((h1 * np.asarray(masks[0])) @ np.asarray(params[1][0]) + np.asarray(params[1][1]), 0.0)
+    np.testing.assert_allclose(acts[0], h1, rtol=1e-12)
+    np.testing.assert_allclose(acts[1], h2, rtol=1e-12)
+    np.testing.assert_allclose(node_activations(params, masks, x, buckets=(4, 3))[1], h2, rtol=1e-12)
+    other = (masks[0], 1.0 - masks[1])  # a layer's own mask does not enter its activations
+    np.testing.assert_allclose(node_activations(params, other, x)[1], h2, rtol=1e-12)
+
+
+def _log_joint(model, params, masks, sigma2, c):
+    """log p(y | theta, M, sigma^2) + log Pi(M) + log Cauchy(theta), independently of the move's bookkeeping."""
+    return float(model.loglik(params, masks, sigma2)[0] + log_mask_prior(masks, c)
+                 + cauchy_log_prior(params, model.prior_scale))
+
+
+def _transfer_runner(model, sigma2, c):
+    """``run(keys, params, masks, force)``: `transfer_move` at one state for many keys (compiled once per
+    shape); ``force`` makes every valid proposal accepted (the output is then the proposed state)."""
+    @functools.partial(jax.jit, static_argnums=3)
+    def run(keys, params, masks, force):
+        def value(p, m):
+            ll = model.loglik(p, m, sigma2)[0]
+            return ll + 1e6 if force else ll
+
+        ll0 = model.loglik(params, masks, sigma2)[0]
+        return jax.vmap(lambda k: transfer_move(k, params, masks, ll0, value, c=c, prior_scale=model.prior_scale,
+                                                kappa=3.0, x=model.x))(keys)
+
+    return run
+
+
+def test_transfer_choices_follow_their_stated_probabilities():
+    """The (split, layer, j, i) that the move draws, over 20,000 keys, against `transfer_log_proposal` (the
+    probabilities written from the definition): chi-square at level 1e-3; and the same counts reject kappa = 0."""
+    model, params, masks = _transfer_problem()
+    run = _transfer_runner(model, jnp.asarray(0.5), 0.3)
+    _, _, _, info = run(jax.random.split(jax.random.PRNGKey(0), 20000), params, masks, False)
+    acts = node_activations(params, masks, model.x)
+    choices = list(zip(np.asarray(info.split).tolist(), np.asarray(info.layer).tolist(), np.asarray(info.j).tolist(),
+                       np.asarray(info.i).tolist()))
+    table = sorted({(s, l, j, i) for s in (False, True) for l in range(2) for j in range(masks[l].shape[0])
+                    for i in range(masks[l].shape[0])})
+    counts = np.array([choices.count(t) for t in table], float)
+
+    def p_value(kappa):
+        probs = np.exp([transfer_log_proposal(acts, masks, s, l, j, i, kappa) for s, l, j, i in table])
+        assert abs(probs.sum() - 1.0) < 1e-9
+        assert np.all(counts[probs == 0] == 0)
+        keep = probs > 0
+        return stats.chisquare(counts[keep], probs[keep] * counts.sum()).pvalue
+
+    assert p_value(3.0) > 1e-3
+    assert p_value(0.0) < 1e-6
+
+
+def test_transfer_move_is_reversible_with_the_detailed_balance_ratio():
+    """For every proposal drawn at a state x: the proposed x' is valid, the move's log alpha equals
+    log[pi(x') q(x' -> x) / (pi(x) q(x -> x'))] with pi the joint posterior computed independently and q from
+    `transfer_log_proposal`, and the reverse choice at x' maps x' back to x. With the previous test (the move
+    draws its choices with probability q) this is detailed balance, hence invariance of the posterior."""
+    model, params, masks = _transfer_problem()
+    sigma2, c = jnp.asarray(0.5), 0.3
+    keys = jax.random.split(jax.random.PRNGKey(1), 400)
+    run = _transfer_runner(model, sigma2, c)
+    _, _, _, info = run(keys, params, masks, False)
+    new_p, new_m, _, finfo = run(keys, params, masks, True)
+    acts = node_activations(params, masks, model.x)
+    lp0 = _log_joint(model, params, masks, sigma2, c)
+    checked = set()
+    for t in range(len(keys)):
+        s, l, j, i = bool(info.split[t]), int(info.layer[t]), int(info.j[t]), int(info.i[t])
+        if (s, l, j, i) in checked:
+            continue
+        checked.add((s, l, j, i))
+        assert bool(finfo.accepted[t])
+        p1 = jax.tree_util.tree_map(lambda a, t=t: a[t], new_p)
+        m1 = tuple(m[t] for m in new_m)
+        assert float(m1[l][j]) == (1.0 if s else 0.0) and float(masks[l][j]) == (0.0 if s else 1.0)
+        acts1 = node_activations(p1, m1, model.x)
+        np.testing.assert_allclose(acts1[l], acts[l], rtol=1e-12)  # the similarities are the same at x'
+        expect = (_log_joint(model, p1, m1, sigma2, c) - lp0
+                  + transfer_log_proposal(acts1, m1, not s, l, j, i, 3.0)
+                  - transfer_log_proposal(acts, masks, s, l, j, i, 3.0))
+        np.testing.assert_allclose(float(info.log_alpha[t]), expect, rtol=1e-9, atol=1e-9)
+        # the reverse move at x': find a key that draws it, force it, and land on x
+        rkeys = jax.random.split(jax.random.PRNGKey(100 + t), 600)
+        _, _, _, rinfo = run(rkeys, p1, m1, False)
+        hit = np.flatnonzero((np.asarray(rinfo.split) == (not s)) & (np.asarray(rinfo.layer) == l)
+                             & (np.asarray(rinfo.j) == j) & (np.asarray(rinfo.i) == i))
+        assert hit.size, "the reverse choice must have positive probability"
+        back_p, back_m, _, _ = run(rkeys[hit[:1]], p1, m1, True)
+        for a, b in zip(jax.tree_util.tree_leaves(back_p), jax.tree_util.tree_leaves(params)):
+            np.testing.assert_allclose(np.asarray(a)[0], np.asarray(b), rtol=1e-12, atol=1e-12)
+        for a, b in zip(back_m, masks):
+            np.testing.assert_array_equal(np.asarray(a)[0], np.asarray(b))
+    assert len(checked) >= 10 and any(s for s, *_ in checked) and any(not s for s, *_ in checked)
+
+
+def test_transfer_move_on_compacted_blocks_equals_full_width():
+    """With blocks narrower than the layers, the move (activations on the compacted layer below, likelihood on
+    the blocks) makes the same choices, ratios and states as at full width."""
+    rng = np.random.default_rng(5)
+    net = masked_mlp(2, (40, 40), (9, 7))
+    params, masks = net.init(jax.random.PRNGKey(5), jnp.float64)
+    x = jnp.asarray(rng.uniform(-2, 2, (15, 2)))
+    y = jnp.asarray(rng.normal(size=15))
+    model = MaskedBNN(net, x, y, lam=0.5)
+    keys = jax.random.split(jax.random.PRNGKey(6), 64)
+
+    def run(buckets):
+        def value(p, m):
+            return model.loglik(p, m, jnp.asarray(0.7), buckets)[0]
+
+        def one(k):
+            return transfer_move(k, params, masks, value(params, masks), value, c=0.2, prior_scale=1.0,
+                                 x=x, buckets=buckets)
+        return jax.jit(jax.vmap(one))(keys)
+
+    full, comp = run(None), run((16, 16))
+    assert 0 < int(np.sum(full[3].accepted)) < len(keys)
+    for a, b in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(comp)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-9, atol=1e-9)
+
+
+def test_sampler_with_transfer_moves_merges():
+    """Merge/split moves are accepted along a chain, are counted in the traces, and widen the blocks' headroom."""
+    model = _poly_model(width=12, n=10)
+    sampler = mbnn_sampler(model, num_integration_steps=3, step_size=1e-2, n_mh=2, n_transfer=3)
+    assert sampler.slack == 2 * 3 + 3
+    res = sample(sampler, jax.random.PRNGKey(4), num_chains=2, num_burnin=10, num_samples=2, thinning=5,
+                 progress=False)
+    assert res.traces["merges"].sum() > 0
+    with pytest.raises(ValueError, match="n_transfer"):
+        mbnn_sampler(model, n_transfer=-1)
