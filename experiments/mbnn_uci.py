@@ -88,6 +88,8 @@ def add_arguments(parser):
     parser.add_argument("--pool-step", choices=("chain", "min"), default=None,
                         help="post-burn-in step per chain ('chain') or the smallest over chains ('min'); default "
                              "per data set (energy: min, others: chain)")
+    parser.add_argument("--transfer", type=int, default=None, help="merge/split moves per iteration after the "
+                        "birth/death moves (default 0: the paper's sampler; cells record it when not 0)")
     parser.add_argument("--aggregate-only", action="store_true", help="only tabulate the finished cells")
 
 
@@ -108,6 +110,10 @@ def settings(args) -> dict:
             s[k] = int(getattr(args, k))
     if getattr(args, "step_scale", None) is not None:
         s["step_scale"] = float(args.step_scale)
+    if getattr(args, "transfer", None):
+        s["n_transfer"] = int(args.transfer)
+        if s["n_transfer"] < 0:
+            raise ValueError(f"mbnn-uci: --transfer must be >= 0, got {args.transfer}")
     if getattr(args, "pool_step", None) is not None:
         s["pool_step"] = None if args.pool_step == "chain" else args.pool_step
     explicit = {k for k in ("step_scale", "pool_step") if getattr(args, k, None) is not None}
@@ -134,6 +140,8 @@ def _cfg(s: dict, ds: str, model: str) -> dict:
            if k not in ("datasets", "models", "splits", "overrides")}
     if cfg.get("pool_step") is None:
         cfg.pop("pool_step", None)
+    if model == "nsvi" or not cfg.get("n_transfer"):  # the sampler's merge/split moves: recorded when used
+        cfg.pop("n_transfer", None)
     return cfg
 
 
@@ -169,7 +177,8 @@ def build_sampler(model_name: str, x, y, s: dict, birth: str = "uniform", death:
     net = masked_mlp(d, (w, w)) if lam is None else masked_mlp(d, (int(round(1.1 * w)),) * 2, (w, w))
     model = MaskedBNN(net, x, y, prior_scale=s["prior_scale"], lam=lam, sigma2_prior=(1.0, float(np.std(y, ddof=1))))
     return mbnn_sampler(model, num_integration_steps=s["leapfrog"], n_mh=s["n_mh"], n_max=s["n_max"], birth=birth,
-                        death=death, step_scale=s.get("step_scale", 0.5))
+                        death=death, step_scale=s.get("step_scale", 0.5), n_transfer=s.get("n_transfer", 0),
+                        transfer_kappa=s.get("transfer_kappa", 100.0))
 
 
 def run_split(data, split: int, model_name: str, s: dict, seed: int, checkpoint=None, progress=True) -> dict:
@@ -311,7 +320,9 @@ def _aggregate(out, s) -> Report:
           f"Settings: {s['chains']} chains per split, width {s['width']} (mBNN physical "
           f"{int(round(1.1 * s['width']))}), burn-in {s['burnin']}, {s['samples']} draws every {s['thinning']} "
           f"iterations, {s['leapfrog']} leapfrog steps (after burn-in at {s['step_scale']} x the adapted step), "
-          f"{s['n_mh']} mask moves per iteration, Cauchy(0, "
+          f"{s['n_mh']} mask moves per iteration"
+          + (f" then {s['n_transfer']} merge/split moves (samplers.masks.transfer_move)" if s.get("n_transfer")
+             else " (the paper's birth/death sampler; no merge/split moves)") + ", Cauchy(0, "
           f"{s['prior_scale']}), sigma^2 ~ InvGamma(1, std(y_train)); inputs min-max scaled on the training rows; "
           + ("post-burn-in step: the smallest adapted step over the chains" if s.get("pool_step") else
              "post-burn-in step: each chain its own adapted step")

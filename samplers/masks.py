@@ -35,8 +35,8 @@ an exact inverse (the split), so it is an MH move on the joint ``(theta, M)``:
 1. split or merge with probability 1/2 each, a hidden layer ``l`` uniformly;
 2. ``j`` uniformly among the active nodes of layer ``l`` (merge) or the inactive ones (split);
 3. ``i`` among the active nodes other than ``j`` with probability ``propto exp(kappa s_ij)``, ``s_ij`` the cosine
-   of the ReLU activations of nodes ``i`` and ``j`` on the training inputs (`finite.masked.node_activations`,
-   before the mask), and ``k_ij = <h_i, h_j> / |h_i|^2`` (0 when ``h_i = 0``);
+   of the ReLU activations of nodes ``i`` and ``j`` on the training inputs (before the mask, as in
+   `finite.masked.node_activations`), and ``k_ij = <h_i, h_j> / |h_i|^2`` (0 when ``h_i = 0``);
 4. merge: ``m_j <- 0`` and ``W_{l+1}[i, :] <- W_{l+1}[i, :] + k_ij W_{l+1}[j, :]``;
    split: ``m_j <- 1`` and ``W_{l+1}[i, :] <- W_{l+1}[i, :] - k_ij W_{l+1}[j, :]``.
 
@@ -70,7 +70,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from finite.masked import log_mask_prior, node_activations
+from finite.masked import effective_index, log_mask_prior
 
 __all__ = ["PROPOSALS", "MaskMoveInfo", "mask_move", "log_set_probability", "check_proposals", "TransferInfo",
            "transfer_move", "transfer_log_proposal"]
@@ -204,80 +204,89 @@ class TransferInfo(NamedTuple):
     log_alpha: jnp.ndarray
 
 
-def _similarity(H, j):
-    """Cosine of column ``j`` of ``H`` with every column (0 where a column is zero) and ``<h_i, h_j> / |h_i|^2``."""
-    dots = H.T @ H[:, j]
+def _similarity(H, h):
+    """Cosine of ``h`` with every column of ``H`` (0 where either is zero) and ``<H_i, h> / |H_i|^2`` (0 where
+    ``H_i`` is zero): the similarity and the transfer scale of step 3."""
+    dots = H.T @ h
     sq = jnp.sum(H * H, axis=0)
-    norms = jnp.sqrt(sq)
-    pos = (norms > 0) & (norms[j] > 0)
-    cos = jnp.where(pos, dots / jnp.where(pos, norms * norms[j], 1.0), 0.0)
+    norm_h = jnp.sqrt(jnp.sum(h * h))
+    pos = (sq > 0) & (norm_h > 0)
+    cos = jnp.where(pos, dots / jnp.where(pos, jnp.sqrt(sq) * norm_h, 1.0), 0.0)
     scale = jnp.where(sq > 0, dots / jnp.where(sq > 0, sq, 1.0), 0.0)
     return cos, scale
 
 
-def _partner_logq(H, mask, j, kappa: float):
-    """Normalised log-probabilities of the partner ``i`` over the active nodes other than ``j``, and ``k_ij``."""
-    cos, scale = _similarity(H, j)
-    cand = (mask > 0.5) & (jnp.arange(mask.shape[0]) != j)
-    logits = jnp.where(cand, kappa * cos, -jnp.inf)
-    return logits - jax.scipy.special.logsumexp(logits), scale
-
-
 def transfer_log_proposal(acts, masks, split: bool, layer: int, j: int, i: int, kappa: float):
-    """``log`` of the probability that `transfer_move` at this state chooses ``(split, layer, j, i)`` (steps 1-3).
+    """``log`` of the probability that `transfer_move` at this state chooses ``(split, layer, j, i)`` (steps 1-3),
+    with ``acts`` the full-width activations of `finite.masked.node_activations`.
 
-    Written from the definition (not from the simplified ratio in the move), so tests can check the move's
-    acceptance ratio against it.
+    Written from the definition over all nodes (the move itself works on the compacted active set), so tests can
+    check the move's acceptance ratio and its choices against it.
     """
-    m = masks[layer]
-    on = np.asarray(m) > 0.5
+    on = np.asarray(masks[layer]) > 0.5
     eligible = ~on if split else on
     if not eligible[j] or not on[i] or i == j:
         return -np.inf
-    logq, _ = _partner_logq(acts[layer], m, j, kappa)
-    return float(np.log(0.5) - np.log(len(masks)) - np.log(eligible.sum()) + logq[i])
+    H = np.asarray(acts[layer], float)
+    cos = np.asarray(_similarity(H, H[:, j])[0])
+    cand = on & (np.arange(on.size) != j)
+    logits = kappa * cos[cand]
+    log_norm = np.log(np.sum(np.exp(logits - logits.max()))) + logits.max()
+    return float(np.log(0.5) - np.log(len(masks)) - np.log(eligible.sum()) + kappa * cos[i] - log_norm)
 
 
 def transfer_move(key, params, masks, loglik, value, *, c: float, prior_scale: float, kappa: float = 100.0,
-                  x=None, acts=None, buckets=None):
+                  x, buckets=None):
     """One merge/split MH move (module docstring). Returns ``(params, masks, loglik, TransferInfo)``.
 
-    ``loglik`` is the log-likelihood at the current state and ``value(params, masks)`` evaluates it elsewhere
-    (everything else fixed). The similarities need the hidden activations: pass ``acts`` (from
-    `finite.masked.node_activations`) or the training inputs ``x`` (and the ``buckets`` the activations may be
-    computed with).
+    ``loglik`` is the log-likelihood at the current state, ``value(params, masks)`` evaluates it elsewhere
+    (everything else fixed) and ``x`` are the training inputs. With ``buckets`` (see `finite.masked`; each must
+    hold its layer's active nodes plus one) the activations are computed for the active nodes and ``j`` only,
+    on the compacted layer below: ``n x B_{l-1} x (B_l + 1)`` per layer instead of ``n x p_{l-1} x p_l``. The
+    choices, ratio and result equal the full-width ones.
     """
-    if acts is None:
-        if x is None:
-            raise ValueError("transfer_move: pass the training inputs x or their activations acts")
-        acts = node_activations(params, masks, x, buckets)
     n_layers = len(masks)
     k_t, k_l, k_j, k_i, k_a = jax.random.split(key, 5)
     split = jax.random.bernoulli(k_t, 0.5)
     layer = jax.random.randint(k_l, (), 0, n_layers)
     dtype = loglik.dtype
-    props = []
-    for l, (m, H) in enumerate(zip(masks, acts)):
+    index = effective_index(masks, buckets)
+    props, h, prev = [], x, None
+    for l, m in enumerate(masks):
         p = m.shape[0]
         on = m > 0.5
         n_on = jnp.sum(on).astype(dtype)
         n_off = p - n_on
         eligible = jnp.where(split, ~on, on)
         j = jnp.argmax(jnp.where(eligible, jax.random.gumbel(jax.random.fold_in(k_j, l), (p,), dtype), -jnp.inf))
-        logq, scale = _partner_logq(H, m, j, kappa)
-        i = jnp.argmax(logq + jax.random.gumbel(jax.random.fold_in(k_i, l), (p,), dtype))
-        W, _ = params[l + 1]
-        row = W[i] + jnp.where(split, -1.0, 1.0).astype(dtype) * scale[i] * W[j]
-        d_prior = jnp.sum(_cauchy_logpdf(row, prior_scale) - _cauchy_logpdf(W[i], prior_scale))
+        idx, valid = index.idx[l], index.valid[l]
+        W, b = params[l]
+        cols = jnp.concatenate([idx, j[None]])
+        A = jnp.maximum(h @ (W if prev is None else W[prev])[:, cols] + b[cols], 0.0)  # (n, B_l + 1)
+        h, prev = A[:, :-1] * jnp.where(valid, m[idx], 0.0), idx  # the masked, compacted input of layer l + 1
+        cos, scale = _similarity(A[:, :-1], A[:, -1])
+        logits = jnp.where(valid & (idx != j), kappa * cos, -jnp.inf)
+        gumbel = jax.random.gumbel(jax.random.fold_in(k_i, l), (p,), dtype)[idx]  # the full-width draw's entries
+        t = jnp.argmax(logits + gumbel)
+        i = idx[t]
+        W_out, _ = params[l + 1]
+        row = W_out[i] + jnp.where(split, -1.0, 1.0).astype(dtype) * scale[t] * W_out[j]
+        d_prior = jnp.sum(_cauchy_logpdf(row, prior_scale) - _cauchy_logpdf(W_out[i], prior_scale))
         ok = jnp.where(split, (n_off >= 1) & (n_on >= 1), n_on >= 2)
-        safe_log = lambda v: jnp.log(jnp.maximum(v, 1.0))  # noqa: E731 (only read where ok)
+
+        def safe_log(v):
+            return jnp.log(jnp.maximum(v, 1.0))  # only read where ok
+
         log_ratio = jnp.where(split, safe_log(n_off) - safe_log(n_on + 1), safe_log(n_on) - safe_log(n_off + 1))
-        props.append((W.at[i].set(row), m.at[j].set(jnp.where(split, 1.0, 0.0).astype(m.dtype)),
+        props.append((W_out.at[i].set(row), m.at[j].set(jnp.where(split, 1.0, 0.0).astype(m.dtype)),
                       d_prior + log_ratio, ok, i, j))
     new_params = tuple(params[:1]) + tuple(
         (jnp.where(layer == q - 1, props[q - 1][0], W), b) for q, (W, b) in enumerate(params) if q >= 1)
     new_masks = tuple(jnp.where(layer == l, props[l][1], m) for l, m in enumerate(masks))
-    pick = lambda k: jnp.stack([pr[k] for pr in props])[layer]  # noqa: E731
+
+    def pick(k):
+        return jnp.stack([pr[k] for pr in props])[layer]
+
     ll_new = value(new_params, new_masks)
     log_alpha = (ll_new - loglik + log_mask_prior(new_masks, c) - log_mask_prior(masks, c) + pick(2))
     log_alpha = jnp.where(pick(3) & ~jnp.isnan(log_alpha), log_alpha, -jnp.inf)

@@ -32,17 +32,14 @@ from scipy.optimize import linear_sum_assignment
 
 from experiments import mbnn_uci
 from experiments.data import load_uci
+from finite.masked import node_activations
 from samplers.driver import split_rhat
 from samplers.mbnn import pool_min_step, sample
 
 
 def hidden_activations(params, masks, x):
     """The post-ReLU activations of every hidden layer's *active* nodes on ``x``: a list of ``(n, active_l)``."""
-    out, h = [], x
-    for (W, b), m in zip(params[:-1], masks):
-        h = jnp.maximum(h @ W + b, 0.0) * m
-        out.append(np.asarray(h)[:, np.asarray(m) > 0.5])
-    return out
+    return [np.asarray(a)[:, np.asarray(m) > 0.5] for a, m in zip(node_activations(params, masks, x), masks)]
 
 
 def matched_overlap(A, B) -> tuple[float, float]:
@@ -65,15 +62,20 @@ def main() -> None:
     p.add_argument("--split", type=int, default=0)
     p.add_argument("--iterations", type=int, default=2000)
     p.add_argument("--thinning", type=int, default=50)
-    p.add_argument("--cache", default=None, help="burn-in state file (default /tmp/mbnn_burn_DATASET_SPLIT.pkl)")
+    p.add_argument("--transfer", type=int, default=0, help="merge/split moves per iteration (default 0: the "
+                   "paper's sampler), in burn-in and after")
+    p.add_argument("--kappa", type=float, default=100.0, help="partner sharpness of the merge/split moves")
+    p.add_argument("--cache", default=None, help="burn-in state file (default /tmp/mbnn_burn_DATASET_SPLIT[_tN].pkl)")
     a = p.parse_args()
     xtr, ytr, xte, yte = mbnn_uci.prepare_split(load_uci(a.dataset), a.split)
-    s = dict(width=1000, prior_scale=1.0, leapfrog=20, n_mh=10, n_max=3, step_scale=0.5)
+    s = dict(width=1000, prior_scale=1.0, leapfrog=20, n_mh=10, n_max=3, step_scale=0.5, n_transfer=a.transfer,
+             transfer_kappa=a.kappa)
     pool = mbnn_uci.DATASET_SETTINGS.get(a.dataset, {}).get("pool_step")
     sampler = mbnn_uci.build_sampler("mbnn-0.1", xtr, ytr, s)
     net = sampler.model.net
     xe = jnp.asarray(xte, jnp.float32)
-    cache = a.cache or f"/tmp/mbnn_burn_{a.dataset}_{a.split}.pkl"
+    tag = f"_t{a.transfer}k{a.kappa:g}" if a.transfer else ""
+    cache = a.cache or f"/tmp/mbnn_burn_{a.dataset}_{a.split}{tag}.pkl"
     if not os.path.exists(cache):
         t = time.time()
         res = sample(sampler, jax.random.PRNGKey(a.split), num_chains=4, num_burnin=400, num_samples=1, thinning=1,
@@ -96,7 +98,8 @@ def main() -> None:
     for c in range(f.shape[0]):
         print(f"chain {c}: HMC acceptance {tr['hmc_acceptance'][c].mean():.2f}; mask moves accepted per 1,000 "
               f"iterations {tr['mask_accepted'][c].sum() * per_k:.1f} (births {tr['births'][c].sum() * per_k:.1f}, "
-              f"deaths {tr['deaths'][c].sum() * per_k:.1f}); active {np.asarray(tr['active'][c, -1]).tolist()}; "
+              f"deaths {tr['deaths'][c].sum() * per_k:.1f}; merges {tr['merges'][c].sum() * per_k:.1f}, splits "
+              f"{tr['splits'][c].sum() * per_k:.1f}); active {np.asarray(tr['active'][c, -1]).tolist()}; "
               f"sigma^2 {tr['sigma2'][c].mean():.4f}; test RMSE of its predictive mean "
               f"{np.sqrt(np.mean((f[c].mean(0) - yte) ** 2)):.3f}", flush=True)
     params, masks = res.state.params, res.state.masks
