@@ -75,7 +75,9 @@ DATASET_SETTINGS = {
 
 def add_arguments(parser):
     parser.add_argument("--datasets", default=None, help="comma-separated (default: the four; quick: yacht)")
-    parser.add_argument("--models", default=None, help="comma-separated from bnn, nsvi, mbnn-LAMBDA "
+    parser.add_argument("--models", default=None, help="comma-separated from bnn, nsvi, mbnn-LAMBDA, each "
+                        "optionally with @WIDTH (e.g. bnn@100: the BNN at width 100, a reduced-scale cell beside the "
+                        "paper's full-width numbers) "
                         "(default: bnn,nsvi,mbnn-0.075,mbnn-0.1,mbnn-0.125; quick: bnn,nsvi,mbnn-0.1)")
     parser.add_argument("--splits", type=int, default=None, help="splits per data set (default 20, quick 2)")
     parser.add_argument("--chains", type=int, default=None, help="chains per split (default 4, quick 2)")
@@ -128,9 +130,21 @@ def settings(args) -> dict:
 
 
 def dataset_settings(s: dict, ds: str, model: str) -> dict:
-    """The settings a cell runs with: the global ones and, for the samplers (not NS-VI), the data set's entry of
-    ``DATASET_SETTINGS``."""
-    return s if model == "nsvi" else dict(s, **s.get("overrides", {}).get(ds, {}))
+    """The settings a cell runs with: the global ones, for the samplers (not NS-VI) the data set's entry of
+    ``DATASET_SETTINGS``, and the width of a ``MODEL@WIDTH`` name."""
+    base, width = _split_width(model)
+    out = s if base == "nsvi" else dict(s, **s.get("overrides", {}).get(ds, {}))
+    return out if width is None else dict(out, width=width)
+
+
+def _split_width(name: str):
+    """``"bnn@100"`` -> ``("bnn", 100)`` (a reduced-width cell, labelled as such); ``"bnn"`` -> ``("bnn", None)``."""
+    base, sep, width = name.partition("@")
+    if not sep:
+        return name, None
+    if not width.isdigit() or int(width) < 1:
+        raise ValueError(f"mbnn-uci: a model's width suffix must be a positive integer (e.g. bnn@100), got {name!r}")
+    return base, int(width)
 
 
 def _cfg(s: dict, ds: str, model: str) -> dict:
@@ -140,12 +154,14 @@ def _cfg(s: dict, ds: str, model: str) -> dict:
            if k not in ("datasets", "models", "splits", "overrides")}
     if cfg.get("pool_step") is None:
         cfg.pop("pool_step", None)
-    if model == "nsvi" or not cfg.get("n_transfer"):  # the sampler's merge/split moves: recorded when used
+    # the sampler's merge/split moves: recorded when used
+    if _split_width(model)[0] == "nsvi" or not cfg.get("n_transfer"):
         cfg.pop("n_transfer", None)
     return cfg
 
 
 def _parse_model(name: str):
+    name = _split_width(name)[0]
     if name in ("bnn", "nsvi"):
         return None
     if name.startswith("mbnn-"):
@@ -155,7 +171,8 @@ def _parse_model(name: str):
             lam = -1.0
         if lam > 0:
             return lam
-    raise ValueError(f"mbnn-uci: model must be 'bnn', 'nsvi' or 'mbnn-LAMBDA' with LAMBDA > 0, got {name!r}")
+    raise ValueError(f"mbnn-uci: model must be 'bnn', 'nsvi' or 'mbnn-LAMBDA' with LAMBDA > 0 (optionally with "
+                     f"@WIDTH for a reduced width), got {name!r}")
 
 
 def prepare_split(data, split: int):
@@ -189,7 +206,7 @@ def run_split(data, split: int, model_name: str, s: dict, seed: int, checkpoint=
     from samplers.mbnn import diagnostics, sample
 
     xtr, ytr, xte, yte = prepare_split(data, split)
-    if model_name == "nsvi":
+    if _split_width(model_name)[0] == "nsvi":
         return _run_nsvi(xtr, ytr, xte, yte, s, seed)
     sampler = build_sampler(model_name, xtr, ytr, s)
     net = sampler.model.net
@@ -281,7 +298,7 @@ def _aggregate(out, s) -> Report:
                 continue
             entry = {"splits": len(cells)}
             row = [ds, m, len(cells)]
-            paper = PAPER.get((ds, m))
+            paper = PAPER.get((ds, _split_width(m)[0]))
             for i, key in enumerate(METRICS):
                 ours = metrics.mean_se([c[key] for c in cells])
                 entry[key] = ours
@@ -316,7 +333,9 @@ def _aggregate(out, s) -> Report:
           "Each cell: our mean ± standard error over splits, the paper's mean in parentheses; '+' / '-' where we "
           "are better / worse beyond both error bars (coverage: closer to 0.95 is better; the paper gives no "
           "standard error for some coverage cells, counted as 0). 'sigma / 95% width': posterior mean of the noise "
-          "sd and mean width of the 95% predictive intervals, in the target's units (the paper reports neither).",
+          "sd and mean width of the 95% predictive intervals, in the target's units (the paper reports neither). "
+          "A model named MODEL@W ran at width W (a reduced scale); the paper's numbers beside it are those of its "
+          "full-width model.",
           f"Settings: {s['chains']} chains per split, width {s['width']} (mBNN physical "
           f"{int(round(1.1 * s['width']))}), burn-in {s['burnin']}, {s['samples']} draws every {s['thinning']} "
           f"iterations, {s['leapfrog']} leapfrog steps (after burn-in at {s['step_scale']} x the adapted step), "
@@ -330,7 +349,7 @@ def _aggregate(out, s) -> Report:
                     for ds in s["datasets"] if s.get("overrides", {}).get(ds)) + "."]
     stuck = [f"{ds}/{m} (HMC acceptance {e['hmc_acceptance']:.2f}, max R-hat {e['rhat_f_max']:.2f})"
              for ds, per in summary.items() for m, e in per.items()
-             if m != "nsvi" and (e["hmc_acceptance"] < 0.2 or e["rhat_f_max"] > 1.1)]
+             if _split_width(m)[0] != "nsvi" and (e["hmc_acceptance"] < 0.2 or e["rhat_f_max"] > 1.1)]
     if stuck:
         md += ["", "**Mixing warning**: the chains of " + ", ".join(stuck) + " did not mix after burn-in "
                "(acceptance below 0.2 or R-hat above 1.1): chains that disagree are not yet sampling one posterior, "

@@ -140,6 +140,24 @@ def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
     assert (tmp_path / "abl" / "proposal_ablation.png").stat().st_size > 1000
 
 
+def test_mbnn_uci_records_the_sampler_and_reduced_widths(tmp_path):
+    """Cells of the merge/split sampler and of a MODEL@WIDTH model say so in their settings and in the report;
+    a bad width suffix is refused by name."""
+    out = tmp_path / "uci"
+    res = _run("mbnn-uci", "--quick", "--models", "mbnn-0.1,bnn@12", "--splits", "1", "--transfer", "2",
+               "--burnin", "20", "--samples", "4", "--thinning", "2", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    mb = json.loads((out / "cells" / "yacht" / "mbnn-0.1" / "split00.json").read_text())
+    bnn = json.loads((out / "cells" / "yacht" / "bnn@12" / "split00.json").read_text())
+    assert mb["settings"]["n_transfer"] == 2 and mb["settings"]["width"] == 40
+    assert bnn["settings"]["width"] == 12 and bnn["active"] == [12.0, 12.0]
+    report = (out / "results.md").read_text()
+    assert "2 merge/split moves" in report and "| yacht | bnn@12 | 1 |" in report
+    assert "(0.675)" in report  # the paper's full-width BNN numbers sit beside the reduced one
+    res = _run("mbnn-uci", "--quick", "--models", "bnn@x", "--out", str(tmp_path / "bad"))
+    assert res.returncode != 0 and "bnn@x" in res.stderr
+
+
 def test_readme_masked_bnn_example_runs():
     res = _run_readme_example("## Masked Bayesian neural networks")
     assert "(2, 20, 50) True" in res.stdout
