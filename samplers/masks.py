@@ -79,6 +79,15 @@ PROPOSALS = ("uniform", "sensitivity", "informed")
 
 
 class MaskMoveInfo(NamedTuple):
+    """What one birth/death move did.
+
+    Attributes:
+        accepted: bool, whether the proposal was accepted.
+        death: bool, the move type ``u`` (True: death, False: birth).
+        size: the number ``N`` of mask entries proposed to flip.
+        log_alpha: the log acceptance ratio (``-inf`` for an impossible proposal).
+    """
+
     accepted: jnp.ndarray  # bool
     death: jnp.ndarray  # bool: the move type u
     size: jnp.ndarray  # N
@@ -86,6 +95,8 @@ class MaskMoveInfo(NamedTuple):
 
 
 def check_proposals(birth: str, death: str, n_max: int) -> None:
+    """Raise ``ValueError`` naming the bad setting unless ``birth`` and ``death`` are in ``PROPOSALS`` and
+    ``1 <= n_max <= 5`` (the most nodes one move flips)."""
     for name, kind in (("birth", birth), ("death", death)):
         if kind not in PROPOSALS:
             raise ValueError(f"mask moves: {name} proposal must be one of {PROPOSALS}, got {kind!r}")
@@ -114,6 +125,15 @@ def log_set_probability(logq, idx, size, n_max: int):
     ``logq`` are normalised log-probabilities; the mass left after removing a
     prefix is summed directly over the remaining entries (not as ``1 - sum``,
     which loses precision when the chosen entries hold almost all the mass).
+
+    Args:
+        logq: ``(P,)`` normalised log selection probabilities (``-inf`` for ineligible entries).
+        idx: ``(n_max,)`` the drawn entries in draw order; only the first ``size`` count.
+        size: the set size ``N`` (``1 <= size <= n_max``; may be traced).
+        n_max: the largest set size (static; the sum runs over ``n_max!`` orderings).
+
+    Returns:
+        The log-probability (a scalar) of drawing the unordered set ``idx[:size]``.
     """
     subsets = [t for r in range(n_max) for t in itertools.combinations(range(n_max), r)]
     rest = {}
@@ -142,6 +162,19 @@ def mask_move(key, masks, loglik, grads, value_and_grad: Callable, *, c: float, 
     like ``masks``) at the current state; ``value_and_grad(masks)`` evaluates
     them at another mask with everything else fixed. ``c`` is the mask prior
     strength ``(lambda ln n)^5``.
+
+    Args:
+        key: a JAX PRNG key.
+        masks: tuple of ``(p_l,)`` 0/1 float arrays, one per hidden layer.
+        loglik, grads: the log-likelihood and its gradient with respect to the masks at ``masks``.
+        value_and_grad: ``masks -> (loglik, grads)`` with the weights and noise fixed.
+        c: mask prior strength.
+        n_max: the most entries one move flips (``N ~ U{1..n_max}``).
+        birth, death: the selection proposals, from ``PROPOSALS``.
+        authors_guard: apply the authors' rule described in the module docstring (not exact).
+
+    Returns:
+        ``(masks, loglik, grads, MaskMoveInfo)`` after the move (unchanged when rejected).
     """
     sizes = [int(m.shape[0]) for m in masks]
     layer_of = jnp.asarray(np.repeat(np.arange(len(sizes)), sizes))
@@ -196,6 +229,17 @@ def mask_move(key, masks, loglik, grads, value_and_grad: Callable, *, c: float, 
 
 
 class TransferInfo(NamedTuple):
+    """What one merge/split move did.
+
+    Attributes:
+        accepted: bool, whether the proposal was accepted.
+        split: bool, True for a split (node ``j`` switched on), False for a merge (switched off).
+        layer: the hidden layer of the move (0-based).
+        i: the partner node, whose outgoing row receives (merge) or gives back (split) ``k_ij`` times ``j``'s.
+        j: the node switched off (merge) or on (split).
+        log_alpha: the log acceptance ratio (``-inf`` for an impossible proposal).
+    """
+
     accepted: jnp.ndarray  # bool
     split: jnp.ndarray  # bool: split (a birth) or merge (a death)
     layer: jnp.ndarray
@@ -222,6 +266,15 @@ def transfer_log_proposal(acts, masks, split: bool, layer: int, j: int, i: int, 
 
     Written from the definition over all nodes (the move itself works on the compacted active set), so tests can
     check the move's acceptance ratio and its choices against it.
+
+    Args:
+        acts: per hidden layer the ``(n, p_l)`` activations before the mask.
+        masks: the masks of the state.
+        split, layer, j, i: the choice (move type, 0-based layer, switched node, partner).
+        kappa: the partner sharpness.
+
+    Returns:
+        The log-probability (a float; ``-inf`` for a choice the move cannot make).
     """
     on = np.asarray(masks[layer]) > 0.5
     eligible = ~on if split else on
@@ -244,6 +297,20 @@ def transfer_move(key, params, masks, loglik, value, *, c: float, prior_scale: f
     hold its layer's active nodes plus one) the activations are computed for the active nodes and ``j`` only,
     on the compacted layer below: ``n x B_{l-1} x (B_l + 1)`` per layer instead of ``n x p_{l-1} x p_l``. The
     choices, ratio and result equal the full-width ones.
+
+    Args:
+        key: a JAX PRNG key.
+        params, masks: the current weights ``((W_1, b_1), ...)`` and masks of a `finite.masked.MaskedMLP`.
+        loglik: the log-likelihood at ``(params, masks)``.
+        value: ``(params, masks) -> loglik`` with the noise fixed.
+        c: mask prior strength ``(lambda ln n)^5``.
+        prior_scale: the Cauchy scale of every weight.
+        kappa: the partner sharpness (0: the partner uniformly among the active nodes).
+        x: ``(n, d)`` training inputs.
+        buckets: optional static block sizes per hidden layer (``None``: full width).
+
+    Returns:
+        ``(params, masks, loglik, TransferInfo)`` after the move (unchanged when rejected).
     """
     n_layers = len(masks)
     k_t, k_l, k_j, k_i, k_a = jax.random.split(key, 5)

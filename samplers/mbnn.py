@@ -84,7 +84,7 @@ __all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MaskedBNN:
-    """Posterior of a masked MLP on one data set: ``net``, data and priors.
+    """Posterior of a masked MLP on one data set: ``net``, data ``x`` (``(n, in_dim)`` inputs) and ``y``, and priors.
 
     likelihood: ``"gaussian"`` (``y`` of shape ``(n,)`` or ``(n, 1)``) or
     ``"categorical"`` (integer labels ``(n,)``, ``net.out_dim`` classes).
@@ -161,6 +161,16 @@ class MaskedBNN:
 
 
 class MBNNState(NamedTuple):
+    """One chain's state.
+
+    Attributes:
+        params: the weights ``((W_1, b_1), ..., (W_{L+1}, b_{L+1}))``, effective and ineffective.
+        masks: tuple of 0/1 node masks, one per hidden layer.
+        sigma2: the noise variance (regression).
+        da: BlackJAX dual-averaging state of the HMC step size.
+        iteration: iterations done.
+    """
+
     params: Any
     masks: tuple
     sigma2: jnp.ndarray
@@ -169,6 +179,18 @@ class MBNNState(NamedTuple):
 
 
 class MBNNInfo(NamedTuple):
+    """What one iteration did (`sample` stacks these into its ``traces``).
+
+    Attributes:
+        hmc_acceptance, hmc_accepted, divergent, step_size: the weight trajectory's acceptance probability,
+            whether it was accepted, whether it diverged, and its step size.
+        mask_accepted, births, deaths: accepted birth/death moves, and how many of them were births / deaths.
+        active: ``(L,)`` active nodes per hidden layer after the iteration.
+        sigma2, loglik: the noise variance and the log-likelihood after the iteration.
+        overflow: a mask outgrew the compacted blocks; the iteration is void and recomputed.
+        merges, splits: accepted merge / split moves (`samplers.masks.transfer_move`).
+    """
+
     hmc_acceptance: jnp.ndarray
     hmc_accepted: jnp.ndarray
     divergent: jnp.ndarray
@@ -203,7 +225,13 @@ def _cache_put(key, fn):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MBNNSampler:
-    """``init(key, params=None, masks=None)`` and ``step(key, state, adapt, buckets)``; see the module docstring."""
+    """``init(key, params=None, masks=None)`` and ``step(key, state, adapt, buckets)``; see the module docstring.
+
+    Build it with `mbnn_sampler`, which validates the settings; its fields are that function's arguments:
+    model, num_integration_steps, step_size, n_mh, n_max, birth, death, authors_guard, theta_kernel,
+    target_accept, da_gamma, da_t0, da_kappa, sigma2_init, refresh_every, step_scale, n_transfer and
+    transfer_kappa.
+    """
 
     model: MaskedBNN
     num_integration_steps: int
@@ -480,9 +508,25 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
 
     refresh_every: iterations between updates of the ineffective weights (see the module docstring).
 
+    Args:
+        model: the `MaskedBNN` posterior to sample.
+        num_integration_steps: leapfrog steps per HMC trajectory (the NUTS kernel ignores it).
+        n_mh, n_max: birth/death moves per iteration and the most nodes one move flips.
+        birth, death: their selection proposals (`samplers.masks.PROPOSALS`).
+        authors_guard: the authors' non-exact layer guard (`samplers.masks`).
+        theta_kernel: ``"hmc"`` or ``"nuts"`` for the effective weights.
+        target_accept, da_gamma, da_t0, da_kappa: dual-averaging target and constants of the burn-in step size.
+        sigma2_init: the initial noise variance.
+
     n_transfer: merge/split moves per iteration after the birth/death moves (`samplers.masks.transfer_move`: a
     node switched off with its outgoing weights handed to the most similar node, and the inverse); 0, the
     default, is the paper's sampler. transfer_kappa: how sharply the partner is chosen by activation similarity.
+
+    Returns:
+        An `MBNNSampler`.
+
+    Raises:
+        ValueError: naming the first setting out of range or unknown.
     """
     if int(refresh_every) < 1:
         raise ValueError(f"mbnn_sampler: refresh_every must be >= 1, got {refresh_every}")
@@ -517,6 +561,17 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
 # ---------------------------------------------------------------------------
 
 class SampleResult(NamedTuple):
+    """What `sample` returns.
+
+    Attributes:
+        draws: name -> array ``(chains, num_samples, ...)`` of the kept draws (``sigma2``, ``active`` and the
+            user's functions).
+        traces: `MBNNInfo` field -> array ``(chains, iterations, ...)``.
+        state: the final `MBNNState` of every chain (stacked).
+        seconds: sampling wall time (resumed runs add up).
+        iterations: iterations run.
+    """
+
     draws: dict  # name -> array (chains, num_samples, ...)
     traces: dict  # MBNNInfo field -> array (chains, iterations, ...)
     state: MBNNState  # final state
@@ -551,6 +606,21 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     first kept iteration, so the sampling phase is a fixed kernel). A chain that is still far from the posterior
     bulk when burn-in ends adapts to its flatter surroundings; its larger step then becomes unstable as it
     descends, and the chain stops moving (Energy, RESULTS.md section 2).
+
+    Args:
+        sampler: an `MBNNSampler` (from `mbnn_sampler`).
+        key: a JAX PRNG key.
+        num_chains, num_burnin, num_samples, thinning: chains, adapted burn-in iterations, kept draws per chain
+            and iterations between them.
+        progress: show a tqdm bar.
+        init_state: stacked states to start from instead of fresh draws (e.g. a previous run's ``state``).
+
+    Returns:
+        A `SampleResult`.
+
+    Raises:
+        ValueError: bad counts or ``pool_step``, or a checkpoint written with other settings.
+        FloatingPointError: a chain's log-likelihood became non-finite.
     """
     if pool_step not in (None, "min"):
         raise ValueError(f"sample: pool_step must be None or 'min', got {pool_step!r}")
@@ -689,6 +759,8 @@ def _config(sampler, num_chains, num_burnin, num_samples, thinning, function_nam
 
 def diagnostics(result: SampleResult, num_burnin: int, keys=("sigma2",)) -> dict:
     """Acceptance rates, step size, divergences, mask moves, and R-hat / ESS of the kept draws named in ``keys``.
+
+    ``result`` is a `SampleResult`; the first ``num_burnin`` iterations of its traces are the burn-in.
 
     R-hat is the rank-normalised split R-hat and ESS the bulk ESS (``ess_<key>``; the tail ESS is
     ``ess_tail_<key>``) of Vehtari et al. (2021), from `samplers.driver.chain_diagnostics`. For an array-valued

@@ -3,7 +3,7 @@
 Public means: named in the ``__all__`` of the package or of one of its modules, and defined in one of the three
 packages (re-exports of other libraries are theirs to document). The rules, checked per name:
 
-* a non-empty docstring;
+* a non-empty docstring of its own (not the signature ``NamedTuple``/dataclass generate);
 * every parameter named in it as a word (``x``, ``x:`` or ````x````; ``*args``/``**kwargs`` excepted): for a
   class, the parameters of its ``__init__`` or, for a ``NamedTuple``/dataclass, its fields, in the class or
   ``__init__`` docstring;
@@ -61,6 +61,8 @@ def _parameters(obj) -> list[str]:
 
 def _docstring(obj) -> str:
     doc = inspect.getdoc(obj) or ""
+    if inspect.isclass(obj) and doc.startswith(obj.__name__ + "("):
+        doc = ""  # the signature NamedTuple and dataclass write when a class has no docstring of its own
     if inspect.isclass(obj) and "__init__" in obj.__dict__:
         doc += "\n" + (inspect.getdoc(obj.__init__) or "")
     return doc
