@@ -239,7 +239,17 @@ def groupings(shape, group: str, block=(2, 2)) -> tuple:
 
 
 def group_sum(X, g: Grouping):
-    """Sum of ``X`` (a layer-shaped array) over each group of ``g``: ``(g.num,)``, in group-index order."""
+    """Sum of ``X`` (a layer-shaped array) over each group of ``g``: ``(g.num,)``, in group-index order.
+
+    Args:
+        X: an array of the layer's shape ``(n_in, n_out)`` (e.g. ``W * W`` for squared group norms, or per-weight
+            terms of the hyperparameter update).
+        g: the layer's :class:`Grouping` (from :func:`groupings`).
+
+    Returns:
+        An array ``(g.num,)`` whose entry ``k`` is the sum of ``X`` over the weights of group ``k`` (for
+        ``"element"`` groups simply ``X`` flattened row-major).
+    """
     if g.kind == "element":
         return jnp.ravel(X)
     if g.kind == "row":
@@ -352,7 +362,17 @@ class ArdState(NamedTuple):
 
 
 def init_state(model: ArdMLP, config: ArdConfig, dtype=jnp.float32) -> ArdState:
-    """``omega(0) = 1``, ``Upsilon(0) = 1`` (Algorithm 1's initialisation), every weight kept, ``sigma2 = 1``."""
+    """``omega(0) = 1``, ``Upsilon(0) = 1`` (Algorithm 1's initialisation), every weight kept, ``sigma2 = 1``.
+
+    Args:
+        model: the :class:`ArdMLP` whose layers the state covers.
+        config: the :class:`ArdConfig`; its ``group`` and ``block`` fix how many ``omega`` each layer gets.
+        dtype: floating dtype of every array of the state (default float32).
+
+    Returns:
+        An :class:`ArdState` of ones: per layer and grouping ``omega`` of shape ``(num_groups,)``, per layer
+        ``upsilon`` and ``masks`` of shape ``(n_in, n_out)``, and the scalar ``sigma2``.
+    """
     gs = _layer_groupings(model, config)
     return ArdState(tuple(tuple(jnp.ones(g.num, dtype) for g in lg) for lg in gs),
                     tuple(jnp.ones(s, dtype) for s in model.shapes),
@@ -361,7 +381,19 @@ def init_state(model: ArdMLP, config: ArdConfig, dtype=jnp.float32) -> ArdState:
 
 def penalty(params, state: ArdState, model: ArdMLP, config: ArdConfig):
     """``sum_l sum_groupings sum_g omega_g ||W_g||_2`` (``"lasso"``; element groups give the weighted L1 norm),
-    ``sum W^2`` (``"l2"``) or 0 (``"none"``), without the factor ``lam``."""
+    ``sum W^2`` (``"l2"``) or 0 (``"none"``), without the factor ``lam``.
+
+    Args:
+        params: the network parameters, a tuple of :class:`Layer` (only the weights are penalised, never the
+            biases).
+        state: the current :class:`ArdState`; its ``omega`` weights the group norms (``"lasso"`` only).
+        model: the :class:`ArdMLP` (its layer shapes define the groupings).
+        config: the :class:`ArdConfig`; ``config.penalty`` selects the penalty, ``group`` and ``block`` the
+            groupings.
+
+    Returns:
+        The penalty as a scalar array.
+    """
     if config.penalty == "none":
         return jnp.zeros((), params[0].W.dtype)
     if config.penalty == "l2":
@@ -386,7 +418,20 @@ def preactivation_hessians(model: ArdMLP, params, Z, y, w, sigma2, *, gauss_newt
     """Per-sample pre-activation Hessians ``Hpre^l_t = d^2 E_t / dh^l dh^l`` by the backward recursion of Eq. 21,
     ``Hpre^l = B^l W^{l+1} Hpre^{l+1} W^{l+1 T} B^l + D^l`` (``B = diag f'(h)``, ``D = diag(f''(h) dE/da)``; without
     ``D`` with ``gauss_newton``), from ``Hpre^L = w_t / sigma^2`` at the linear output. Exact for one sample of an
-    MLP. Returns ``(list of (N, n_l, n_l) per layer, list of layer inputs a^{l-1} (N, n_{l-1}))``."""
+    MLP.
+
+    Args:
+        model: the :class:`ArdMLP` (its activation gives ``f'`` and ``f''``).
+        params: the network parameters, a tuple of :class:`Layer`.
+        Z: regressors ``(N, sizes[0])``.
+        y: targets ``(N,)``.
+        w: sample weights ``(N,)`` of the data term ``E = sum_t w_t (f_t - y_t)^2 / (2 sigma^2)``.
+        sigma2: the noise variance ``sigma^2`` of the data term (a positive scalar).
+        gauss_newton: drop the ``D^l`` term (the Gauss-Newton approximation); default ``False`` (exact).
+
+    Returns:
+        ``(list of (N, n_l, n_l) per layer, list of layer inputs a^{l-1} (N, n_{l-1}))``.
+    """
     _, d1, d2 = ACTIVATIONS[model.activation]
     f, hs, ins = model.forward(params, Z)
     L = len(params)
@@ -410,7 +455,24 @@ def preactivation_hessians(model: ArdMLP, params, Z, y, w, sigma2, *, gauss_newt
 def layer_hessians(model: ArdMLP, params, Z, y, w, sigma2, kind: str = "diagonal") -> tuple:
     """The Hessian of ``E`` with respect to each layer's weights (vectorised row-major: weight ``(i, j)`` is index
     ``i * n_out + j``), holding the other layers fixed (Eq. 19). ``kind`` one of :data:`HESSIANS` (module
-    docstring). Returns per layer a dense ``(n, n)`` block, or for ``"diagonal"`` the ``(n_in, n_out)`` diagonal."""
+    docstring).
+
+    Args:
+        model: the :class:`ArdMLP`.
+        params: the network parameters, a tuple of :class:`Layer`.
+        Z: regressors ``(N, sizes[0])``.
+        y: targets ``(N,)``.
+        w: sample weights ``(N,)`` of the data term.
+        sigma2: the noise variance ``sigma^2`` of the data term (a positive scalar).
+        kind: one of :data:`HESSIANS`; default ``"diagonal"``.
+
+    Returns:
+        A tuple with, per layer, a dense ``(n, n)`` block (``n = n_in * n_out``), or for ``"diagonal"`` the
+        ``(n_in, n_out)`` diagonal.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`HESSIANS`.
+    """
     if kind not in HESSIANS:
         raise ValueError(f"layer_hessians: unknown kind {kind!r}; choose from {HESSIANS}")
     Hpre, ins = preactivation_hessians(model, params, Z, y, w, sigma2, gauss_newton=(kind == "gauss-newton"))
@@ -430,7 +492,20 @@ def autodiff_layer_hessians(model: ArdMLP, params, Z, y, w, sigma2) -> tuple:
     """The exact layer blocks of :func:`layer_hessians` by ``jax.hessian`` (the independent check of the
     recursion; quadratic memory in the layer size). Algorithm 1 uses the recursion instead: ``jax.hessian``
     inside the repeat-vectorised compiled program stalled the XLA CPU runtime (JAX 0.10.2) in our runs, while the
-    recursion gives the same block (``tests/test_ard.py``) at a fraction of the cost."""
+    recursion gives the same block (``tests/test_ard.py``) at a fraction of the cost.
+
+    Args:
+        model: the :class:`ArdMLP`.
+        params: the network parameters, a tuple of :class:`Layer`.
+        Z: regressors ``(N, sizes[0])``.
+        y: targets ``(N,)``.
+        w: sample weights ``(N,)`` of the data term ``E = sum_t w_t (f_t - y_t)^2 / (2 sigma^2)``.
+        sigma2: the noise variance ``sigma^2`` (a positive scalar).
+
+    Returns:
+        A tuple with, per layer, the dense ``(n_in * n_out, n_in * n_out)`` Hessian of ``E`` with respect to the
+        row-major vectorised weights of that layer (the other layers and all biases held fixed).
+    """
     blocks = []
     for l, (n_in, n_out) in enumerate(model.shapes):
         def E(vecW, l=l, n_in=n_in, n_out=n_out):
@@ -487,7 +562,22 @@ def _combine(variances):
 def hyper_update(params, state: ArdState, hessians, model: ArdMLP, config: ArdConfig) -> ArdState:
     """Steps 3-4 of a round (Eqs. 11-13, Table 1; module docstring): the new variances ``Upsilon(t+1) =
     ||W_g|| / omega(t)`` and weights ``omega(t+1) = sqrt(|alpha|)``, clamped to ``config.clamp``. Masks and
-    ``sigma2`` are kept (see :func:`prune`)."""
+    ``sigma2`` are kept (see :func:`prune`).
+
+    Args:
+        params: the trained network parameters of this round, a tuple of :class:`Layer` (the weights are
+            multiplied by ``state.masks`` before the group norms are taken).
+        state: the current :class:`ArdState` (``omega(t)`` and the masks are read).
+        hessians: per layer, the data-term Hessian from :func:`layer_hessians`: a dense ``(n, n)`` block or the
+            ``(n_in, n_out)`` diagonal.
+        model: the :class:`ArdMLP` (with ReLU, or with ``config.hessian="gauss-newton"``, a dense block is taken
+            as positive semi-definite; otherwise it is shifted by its Gershgorin bound first).
+        config: the :class:`ArdConfig` (``group``, ``block``, ``clamp``, ``omega_reduce``, ``hessian``).
+
+    Returns:
+        The :class:`ArdState` with the new ``omega`` (per layer and grouping, ``(num_groups,)``) and ``upsilon``
+        (per layer, the combined per-weight variance ``(n_in, n_out)``).
+    """
     lo, hi = config.clamp
     new_omega, new_upsilon = [], []
     for p, lg, om, m, H in zip(params, _layer_groupings(model, config), state.omega, state.masks, hessians):
@@ -512,7 +602,17 @@ def dead_weights(model: ArdMLP, params, Z, w=None) -> tuple:
     have exactly zero data-term curvature (``f'(h) = 0`` in, ``a = 0`` out), so the data carry no evidence about
     them, and removing both its incoming and outgoing weights leaves the trained network's output unchanged
     everywhere (its outgoing weights are gone). :func:`prune` removes them (``ArdConfig.prune_dead``). Smooth
-    activations never have dead nodes (all ``False``)."""
+    activations never have dead nodes (all ``False``).
+
+    Args:
+        model: the :class:`ArdMLP`.
+        params: the network parameters, a tuple of :class:`Layer`.
+        Z: training regressors ``(N, sizes[0])``.
+        w: optional sample weights ``(N,)``; samples of weight 0 do not count (``None``: every sample counts).
+
+    Returns:
+        A tuple with, per layer, a boolean ``(n_in, n_out)`` array, ``True`` for the weights of dead nodes.
+    """
     out = [jnp.zeros(s, bool) for s in model.shapes]
     if model.activation != "relu":
         return tuple(out)
@@ -529,7 +629,20 @@ def dead_weights(model: ArdMLP, params, Z, w=None) -> tuple:
 def prune(params, state: ArdState, config: ArdConfig, *, use_upsilon: bool = True, dead=None):
     """Step 5 (dynamic pruning): drop weights with ``upsilon < kappa_upsilon`` (when ``use_upsilon``),
     ``|W| < kappa_w``, or flagged in ``dead`` (per layer booleans, :func:`dead_weights`; ``None`` for none).
-    Masks only ever lose entries. Returns ``(masked params, state with the new masks)``."""
+    Masks only ever lose entries.
+
+    Args:
+        params: the network parameters, a tuple of :class:`Layer`.
+        state: the current :class:`ArdState` (its ``masks`` and ``upsilon`` are read).
+        config: the :class:`ArdConfig` holding the thresholds ``kappa_upsilon`` and ``kappa_w``.
+        use_upsilon: also apply the variance threshold ``kappa_upsilon`` (Algorithm 1); ``False`` prunes by
+            magnitude (and ``dead``) only.
+        dead: per layer, boolean ``(n_in, n_out)`` arrays of weights to drop (:func:`dead_weights`), or ``None``.
+
+    Returns:
+        ``(masked params, state with the new masks)``: the weights multiplied by the new masks (biases
+        unchanged), and the :class:`ArdState` holding those masks.
+    """
     masks = []
     dead = (None,) * len(params) if dead is None else dead
     for p, m, u, d in zip(params, state.masks, state.upsilon, dead):
@@ -544,7 +657,14 @@ def prune(params, state: ArdState, config: ArdConfig, *, use_upsilon: bool = Tru
 
 
 def fraction_remaining(masks) -> jax.Array:
-    """Fraction of weights kept (the paper's Table 2 "sparsity"), over all layers."""
+    """Fraction of weights kept (the paper's Table 2 "sparsity"), over all layers.
+
+    Args:
+        masks: per-layer 0/1 arrays (e.g. ``ArdState.masks``); every entry of every array counts.
+
+    Returns:
+        A scalar array in ``[0, 1]``: the kept entries divided by all entries.
+    """
     return sum(jnp.sum(m) for m in masks) / sum(m.size for m in masks)
 
 
@@ -699,7 +819,27 @@ def fit_repeats(model: ArdMLP, keys, Z, y, config: ArdConfig = DEFAULT_CONFIG, *
     stalls at random, fused or round by round: the batched LAPACK Cholesky (``ParallelBatchMap``) waits on sub-tasks
     queued on the pool its own threads occupy (gdb); ``--xla_cpu_multi_thread_eigen=false`` does not prevent it.
     ``vectorize=False`` runs the repeats one after another through the single-repeat program of :func:`fit`
-    (same numbers; ``progress(repeat, None)`` after each), the fallback when the vmapped program stalls."""
+    (same numbers; ``progress(repeat, None)`` after each), the fallback when the vmapped program stalls.
+
+    Args:
+        model: an :class:`ArdMLP`.
+        keys: PRNG keys ``(R, 2)``, one per repeat (its initial weights ``model.init(key)``).
+        Z: regressors ``(N, d)``, shared by all repeats.
+        y: targets ``(N,)``, shared by all repeats.
+        config: the :class:`ArdConfig` of every repeat.
+        lam: the penalty weight ``lambda`` (Eq. 15), a scalar or ``(R,)``.
+        weights: sample weights ``None`` (all ones), ``(N,)`` (every repeat) or ``(R, N)`` (one row per repeat).
+        evaluate: optional ``params -> dict of scalars`` run after every round (as in :func:`fit`).
+        fused: all rounds in one compiled program (``True``) or one compiled round called from Python.
+        progress: optional callback, called as described above (``fused=False`` or ``vectorize=False`` only).
+        vectorize: ``vmap`` the repeats (``True``) or run them one after another.
+
+    Returns:
+        :class:`ArdFit` with leading axes ``(R, rounds)``.
+
+    Raises:
+        ValueError: an invalid ``config`` or data (shapes, NaN/inf, negative weights), named.
+    """
     config.check(model)
     keys = jnp.asarray(keys)
     R = keys.shape[0]
@@ -729,7 +869,18 @@ def fit_repeats(model: ArdMLP, keys, Z, y, config: ArdConfig = DEFAULT_CONFIG, *
 
 def select_round(result: ArdFit, score, r: int | None = None):
     """The parameters, state and index of the round with the lowest ``score`` (``(rounds,)``; or ``(R, rounds)``
-    with ``r`` the repeat). Model selection belongs on validation scores, never on the test record."""
+    with ``r`` the repeat). Model selection belongs on validation scores, never on the test record.
+
+    Args:
+        result: an :class:`ArdFit` from :func:`fit` (leading axis ``rounds``) or :func:`fit_repeats` (leading
+            axes ``(R, rounds)``).
+        score: the per-round scores, lower is better; NaN entries are skipped.
+        r: the repeat to pick from a :func:`fit_repeats` result; ``None`` for a :func:`fit` result.
+
+    Returns:
+        ``(params, state, best)``: the network parameters and :class:`ArdState` after round ``best``, and
+        ``best`` (an int).
+    """
     s = np.asarray(score if r is None else score[r])
     best = int(np.nanargmin(s))
     pick = (lambda a: a[best]) if r is None else (lambda a: a[r, best])
@@ -751,7 +902,13 @@ class LaplacePosterior(NamedTuple):
     row-major), ``Sigma = (G + Upsilon^{-1})^{-1}`` with ``G = J^T diag(w) J / sigma^2`` the Gauss-Newton matrix of
     the whole network; ``factors`` is a 1-tuple holding its ``F``. ``structure`` is read off the factors (one
     factor for several layers), so that the posterior is a pytree of arrays only (``jit``/``vmap`` take it); for a
-    one-layer network the two structures coincide."""
+    one-layer network the two structures coincide.
+
+    Attributes:
+        mean: the trained network parameters ``W*`` (with its biases), a tuple of :class:`Layer`.
+        factors: the covariance factors described above (one per layer, or a 1-tuple for ``"network"``).
+        masks: per layer, the 0/1 ``(n_in, n_out)`` weight masks; sampled weights are multiplied by them.
+    """
 
     mean: tuple
     factors: tuple
@@ -777,7 +934,25 @@ def laplace(model: ArdMLP, params, state: ArdState, Z, y, *, weights=None, hessi
     one of :data:`HESSIANS`; ``structure="network"`` the joint posterior of all layers with the network's
     Gauss-Newton matrix (``hessian`` must be ``"gauss-newton"``; see :class:`LaplacePosterior`). Drawing the
     per-layer posteriors independently ignores how the layers' weights co-vary, which widens sampled free runs;
-    the network posterior keeps those correlations (RESULTS.md section 4)."""
+    the network posterior keeps those correlations (RESULTS.md section 4).
+
+    Args:
+        model: the :class:`ArdMLP`.
+        params: the trained network parameters (the posterior mean), a tuple of :class:`Layer`.
+        state: the :class:`ArdState` of the trained network (``upsilon``, ``masks`` and ``sigma2`` are used).
+        Z: regressors ``(N, sizes[0])``.
+        y: targets ``(N,)``.
+        weights: optional sample weights ``(N,)`` of the data term (default all ones).
+        hessian: one of :data:`HESSIANS` (``structure="layer"``); ``"gauss-newton"`` for ``"network"``.
+        structure: ``"layer"`` or ``"network"``.
+
+    Returns:
+        The :class:`LaplacePosterior`.
+
+    Raises:
+        ValueError: invalid data, an unknown ``structure`` or ``hessian``, or ``structure="network"`` with a
+            ``hessian`` other than ``"gauss-newton"``.
+    """
     Z, y, w = _check_data(Z, y, weights, model, "laplace")
     if structure not in ("layer", "network"):
         raise ValueError(f"laplace: structure must be 'layer' or 'network', got {structure!r}")
@@ -829,7 +1004,27 @@ def laplace_simulation(model: ArdMLP, params, state: ArdState, u, y, n_a: int, n
     ``(u, y)`` (after its ``max(n_a, n_b)`` measured start) through the ``lax.scan`` of :func:`simulate`, and
     ``sigma2`` by default the free run's MSE there. The one-step posterior (:func:`laplace`) constrains only the
     directions the one-step predictions see; the free run also depends on directions they leave at their prior
-    variance, so its sampled free runs spread far wider than the errors of the free run itself."""
+    variance, so its sampled free runs spread far wider than the errors of the free run itself.
+
+    Args:
+        model: the :class:`ArdMLP`.
+        params: the fine-tuned network parameters (the posterior mean), a tuple of :class:`Layer`.
+        state: an :class:`ArdState` whose ``upsilon`` and ``masks`` give the prior variances (zero for pruned
+            weights); its ``sigma2`` is not used.
+        u: the input record ``(T,)``.
+        y: the measured output record ``(T,)``.
+        n_a: the input lag (>= 0).
+        n_b: the output lag (>= 1, default ``n_a``).
+        sigma2: the noise variance of the free run; ``None`` takes the free run's MSE after the first
+            ``max(n_a, n_b)`` samples.
+
+    Returns:
+        The :class:`LaplacePosterior` with a single factor over all layers' weights (the ``"network"``
+        structure when the network has several layers).
+
+    Raises:
+        ValueError: ``sigma2`` is not positive and finite.
+    """
     n_b = n_a if n_b is None else n_b
     m = max(n_a, n_b)
     u, y = jnp.asarray(u), jnp.asarray(y)
@@ -841,7 +1036,17 @@ def laplace_simulation(model: ArdMLP, params, state: ArdState, u, y, n_a: int, n
 
 
 def sample_laplace(key, post: LaplacePosterior, num_samples: int):
-    """``num_samples`` parameter draws from :class:`LaplacePosterior` (stacked on a leading axis)."""
+    """``num_samples`` parameter draws from :class:`LaplacePosterior` (stacked on a leading axis).
+
+    Args:
+        key: PRNG key.
+        post: the :class:`LaplacePosterior` to draw from (either structure).
+        num_samples: the number of draws.
+
+    Returns:
+        A tuple of :class:`Layer` whose arrays have a leading axis ``num_samples``: the drawn weights (pruned
+        weights are zero) and the posterior mean's biases.
+    """
     if post.structure == "network":
         (F,) = post.factors
         flat = _flat_weights(post.mean)
@@ -868,7 +1073,16 @@ def linearised_predictive(post: LaplacePosterior, fn: Callable):
     ``std_t^2 = [J Sigma J^T]_tt`` (parameter uncertainty only; add the noise variance for a band of
     observations). Where ``fn`` is strongly non-linear in the weights -- a free run near the edge of stability --
     sampled weights (:func:`sample_laplace`) can leave the region where the Gaussian is meaningful and diverge;
-    the linearised predictive (the GLM predictive of the linearised network) stays in it."""
+    the linearised predictive (the GLM predictive of the linearised network) stays in it.
+
+    Args:
+        post: the :class:`LaplacePosterior` (either structure).
+        fn: a function of the network parameters (a tuple of :class:`Layer`) returning a ``(T,)`` array,
+            differentiable in the weights.
+
+    Returns:
+        ``(fn(W*), std)``: the prediction at the posterior mean and its standard deviation, both ``(T,)``.
+    """
     mean = fn(tuple(post.mean))
     if post.structure == "network":
         (F,) = post.factors
@@ -894,7 +1108,23 @@ def simulate(model: ArdMLP, params, u, y, n_a: int, n_b: int | None = None, *, f
     """Simulated output over a record: the first ``m = max(n_a, n_b)`` outputs are the measured ones, every later
     ``y(t)`` is ``Net(z(t))`` with the past outputs in ``z(t)`` taken from the simulation (``feedback="model"``,
     free run, a ``lax.scan``) or from ``y`` (``feedback="measured"``: the one-step-ahead predictor). The input
-    ``u`` is always the measured one. Returns ``(T,)``."""
+    ``u`` is always the measured one.
+
+    Args:
+        model: the :class:`ArdMLP`.
+        params: the network parameters, a tuple of :class:`Layer`.
+        u: the input record ``(T,)``.
+        y: the measured output record ``(T,)`` (its first ``m`` samples start the simulation).
+        n_a: the input lag (>= 0).
+        n_b: the output lag (>= 1, default ``n_a``).
+        feedback: ``"model"`` (free run) or ``"measured"`` (one-step-ahead prediction).
+
+    Returns:
+        The simulated output ``(T,)``.
+
+    Raises:
+        ValueError: an unknown ``feedback``, or ``u`` and ``y`` not 1-D records of equal length ``> m``.
+    """
     n_b = n_a if n_b is None else n_b
     u, y = jnp.asarray(u), jnp.asarray(y)
     m = max(n_a, n_b)
@@ -917,7 +1147,17 @@ def simulate(model: ArdMLP, params, u, y, n_a: int, n_b: int | None = None, *, f
 
 def simulation_rmse(y_sim, y, m: int, *, include_initial: bool = True):
     """RMSE of a simulated record over all samples (the paper's Eq. 17 divides by the record length, the first
-    ``m`` samples being measured) or only over ``t >= m``."""
+    ``m`` samples being measured) or only over ``t >= m``.
+
+    Args:
+        y_sim: the simulated output ``(..., T)`` (leading axes, e.g. posterior draws, are kept).
+        y: the measured output ``(T,)`` (broadcast against ``y_sim``).
+        m: the number of measured initial samples, ``max(n_a, n_b)``.
+        include_initial: average over the whole record (``True``, Eq. 17) or over ``t >= m`` only.
+
+    Returns:
+        The RMSE over the last axis, shape ``(...)``.
+    """
     r = jnp.asarray(y_sim) - jnp.asarray(y)
     if not include_initial:
         r = r[..., m:]
@@ -936,7 +1176,32 @@ def finetune_simulation(model: ArdMLP, params, masks, u, y, n_a: int, n_b: int |
     The gradient of a long free run can explode when the recursion passes near instability: ``clip_norm`` clips
     its global norm before Adam (``None``: no clipping), and ``keep_best`` returns the parameters with the lowest
     loss seen on this record (the loss is evaluated before every update; the record is the training record, so
-    this is a choice on training data only). Returns ``(params, losses (epochs,))``."""
+    this is a choice on training data only).
+
+    Args:
+        model: the :class:`ArdMLP`.
+        params: the one-step-trained network parameters to start from, a tuple of :class:`Layer`.
+        masks: per layer, the 0/1 ``(n_in, n_out)`` weight masks; gradients and updated weights are multiplied by
+            them.
+        u: the input record ``(T,)``.
+        y: the measured output record ``(T,)``.
+        n_a: the input lag (>= 0).
+        n_b: the output lag (>= 1, default ``n_a``).
+        epochs: the number of Adam updates.
+        learning_rate: Adam's initial learning rate, cosine-decayed to 0 over ``epochs``.
+        windows: the number of random sub-records per epoch; ``None`` uses the whole record.
+        window_length: the length of every sub-record, ``max(n_a, n_b) < window_length <= T`` (needed with
+            ``windows``).
+        key: PRNG key of the sub-record starts (default ``PRNGKey(0)`` when ``windows`` is given).
+        clip_norm: the global gradient norm to clip to, or ``None``.
+        keep_best: return the parameters of the lowest loss seen (``True``) or those after the last update.
+
+    Returns:
+        ``(params, losses (epochs,))``: the fine-tuned parameters and the free-run MSE before every update.
+
+    Raises:
+        ValueError: a ``clip_norm`` that is not positive, or ``window_length`` outside its range.
+    """
     n_b = n_a if n_b is None else n_b
     m = max(n_a, n_b)
     u, y = jnp.asarray(u), jnp.asarray(y)
@@ -988,8 +1253,21 @@ def finetune_simulation(model: ArdMLP, params, masks, u, y, n_a: int, n_b: int |
 
 def position_to_params(position, model: ArdMLP, group: str, block=(2, 2), fixed_variances=None):
     """Network parameters from an HMC position (non-centred: ``W = sqrt(upsilon) * z``, ``upsilon`` the combined
-    per-weight variance of the groupings' ``exp(log_var)``, or ``fixed_variances`` per layer). Returns
-    ``(params, per-layer upsilon)``."""
+    per-weight variance of the groupings' ``exp(log_var)``, or ``fixed_variances`` per layer).
+
+    Args:
+        position: a dict with ``"layers"`` (per layer ``{"z": (n_in, n_out), "b": (n_out,)}``) and, unless
+            ``fixed_variances`` is given, ``"log_var"`` (per layer, per grouping, ``(num_groups,)``).
+        model: the :class:`ArdMLP`.
+        group: one of :data:`GROUPS`.
+        block: the ``(rows, cols)`` block of the ``"shape"`` grouping.
+        fixed_variances: per layer, a scalar or ``(n_in, n_out)`` variance used instead of ``"log_var"``, or
+            ``None``.
+
+    Returns:
+        ``(params, per-layer upsilon)``: a tuple of :class:`Layer` and the per-weight variances
+        ``(n_in, n_out)`` per layer.
+    """
     out, ups = [], []
     for l, shape in enumerate(model.shapes):
         layer = position["layers"][l]
@@ -1007,7 +1285,21 @@ def init_position(key, model: ArdMLP, group: str, block=(2, 2), fixed_variances=
     """A starting HMC position: ``log_var = 0`` (every group variance 1), zero biases and standard-normal ``z``;
     or, from ``params`` (e.g. Algorithm 1's weights), ``z = W / sqrt(upsilon_0)`` with ``upsilon_0`` the starting
     combined variance (1/2 for ``"row+column"``, or ``fixed_variances``) and the given biases, so that
-    :func:`position_to_params` returns ``params`` exactly."""
+    :func:`position_to_params` returns ``params`` exactly.
+
+    Args:
+        key: PRNG key of the standard-normal ``z`` (not used when ``params`` is given).
+        model: the :class:`ArdMLP`.
+        group: one of :data:`GROUPS`.
+        block: the ``(rows, cols)`` block of the ``"shape"`` grouping.
+        fixed_variances: per layer, a scalar or ``(n_in, n_out)`` fixed variance (the position then has no
+            ``"log_var"``), or ``None``.
+        params: optional network parameters (a tuple of :class:`Layer`) to start from.
+
+    Returns:
+        The position: a dict with ``"layers"`` (per layer ``{"z", "b"}``) and, unless ``fixed_variances`` is
+        given, ``"log_var"`` (per layer, per grouping, zeros of shape ``(num_groups,)``).
+    """
     layers = []
     keys = jax.random.split(key, len(model.shapes))
     pos = {}
@@ -1038,7 +1330,24 @@ def log_density(model: ArdMLP, Z, y, sigma2: float, *, group: str = "row+column"
     ``hyper = (a, b)`` the inverse-gamma hyper-prior on every group variance (a proper version of the paper's
     flat Gamma(0, 0) hyper-prior, which has no normalisable posterior); ``fixed_variances`` (per layer, scalar or
     ``(n_in, n_out)``) drops the hyper-prior and fixes the variances (the Gaussian linear model of the tests).
-    Returns ``position -> scalar``."""
+
+    Args:
+        model: the :class:`ArdMLP`.
+        Z: regressors ``(N, sizes[0])``.
+        y: targets ``(N,)``.
+        sigma2: the noise variance ``sigma^2`` (positive, held fixed).
+        group: one of :data:`GROUPS`.
+        block: the ``(rows, cols)`` block of the ``"shape"`` grouping.
+        hyper: ``(a, b)`` of the inverse-gamma hyper-prior, both positive.
+        bias_var: the prior variance of every bias (positive).
+        fixed_variances: per layer, a scalar or ``(n_in, n_out)`` fixed variance, or ``None``.
+
+    Returns:
+        The log density, a function ``position -> scalar`` (positions as in :func:`position_to_params`).
+
+    Raises:
+        ValueError: a ``sigma2``, ``bias_var`` or ``hyper`` entry that is not positive, or an unknown ``group``.
+    """
     Z, y = jnp.asarray(Z), jnp.asarray(y)
     sigma2 = check_positive(sigma2, "sigma2", "log_density")
     bias_var = check_positive(bias_var, "bias_var", "log_density")

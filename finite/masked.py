@@ -68,16 +68,29 @@ __all__ = [
 
 
 def masked_relu(x, m):
-    """``rho_m(x) = m * max(x, 0)`` with the mask broadcast over the last (node/channel) axis."""
+    """``rho_m(x) = m * max(x, 0)`` with the mask broadcast over the last (node/channel) axis.
+
+    Args:
+        x: pre-activations ``(..., p)``, the last axis the nodes (or channels).
+        m: the 0/1 mask ``(p,)`` of that layer.
+
+    Returns:
+        The masked activations, ``m * max(x, 0)``, of the shape of ``x``.
+    """
     return m * jnp.maximum(x, 0.0)
 
 
 class MaskedMLP(NamedTuple):
     """Static description of a masked MLP (hashable: safe as a ``jit`` static argument).
 
-    in_dim: input features; widths: physical hidden widths ``p_l``; active:
-    initially active nodes per layer (the first ``active[l]`` nodes); out_dim:
-    outputs (1 for regression, classes for classification).
+    Attributes:
+        in_dim: input features.
+        widths: physical hidden widths ``p_l``.
+        active: initially active nodes per layer (the first ``active[l]`` nodes).
+        out_dim: outputs (1 for regression, classes for classification).
+        W_std: weight scale of the initialisation (``smnngp.stax.Dense``, standard parameterisation): every
+            weight is drawn from ``N(0, W_std^2 / fan_in)``.
+        b_std: bias scale of the initialisation: every bias is drawn from ``N(0, b_std^2 / fan_in)``.
     """
 
     in_dim: int
@@ -145,6 +158,21 @@ def masked_mlp(in_dim: int, widths: Sequence[int] = (1100, 1100), active: Sequen
 
     The authors used physical widths 1100 with the first 1000 active
     (``masked_mlp(d, (1100, 1100), (1000, 1000))``).
+
+    Args:
+        in_dim: input features (positive).
+        widths: physical hidden widths ``p_l`` (positive), one per hidden layer.
+        active: initially active nodes per layer, ``1 <= active[l] <= widths[l]``; ``None`` means all.
+        out_dim: outputs (positive): 1 for regression, the number of classes for classification.
+        W_std: weight scale of the initialisation (> 0; see :class:`MaskedMLP`).
+        b_std: bias scale of the initialisation (>= 0; see :class:`MaskedMLP`).
+
+    Returns:
+        The :class:`MaskedMLP`.
+
+    Raises:
+        ValueError: a non-positive ``in_dim``, ``out_dim`` or width, an ``active`` count out of range or of the
+            wrong length, or a bad ``W_std`` / ``b_std``.
     """
     widths = tuple(int(w) for w in widths)
     active = widths if active is None else tuple(int(a) for a in active)
@@ -189,7 +217,20 @@ def node_activations(params, masks, x, buckets=None):
     ``h_{l-1}`` is the masked output of the layer below (``x`` for the first layer), so the result for layer ``l``
     depends on the weights and biases of layers ``1..l`` and on the masks of the layers *below* ``l`` only, not on
     ``m_l``. With ``buckets`` the layer below is compacted to its active nodes (``buckets[l-1]`` must hold them), so
-    layer ``l`` costs ``n x B_{l-1} x p_l``; the values equal the full-width ones. Returns a list of ``(n, p_l)``.
+    layer ``l`` costs ``n x B_{l-1} x p_l``; the values equal the full-width ones.
+
+    Args:
+        params: the parameters ``((W_1, b_1), ..., (W_{L+1}, b_{L+1}))``.
+        masks: the node masks ``(m_1, ..., m_L)``, each ``(p_l,)``.
+        x: inputs ``(n, in_dim)``.
+        buckets: ``None`` (full width) or one block size per hidden layer (``None`` entries run at full width),
+            as in ``MaskedMLP.apply``.
+
+    Returns:
+        A list with, per hidden layer, the activations ``(n, p_l)``.
+
+    Raises:
+        ValueError: ``buckets`` does not have one entry per masked layer.
     """
     if buckets is not None and len(buckets) != len(masks):
         raise ValueError(f"node_activations: {len(buckets)} buckets for {len(masks)} masked layers")
@@ -220,7 +261,17 @@ class EffectiveIndex(NamedTuple):
 
 
 def effective_index(masks, buckets=None) -> EffectiveIndex:
-    """Indices of the active nodes, padded to ``buckets[l]`` (``None``: the physical width)."""
+    """Indices of the active nodes, padded to ``buckets[l]`` (``None``: the physical width).
+
+    Args:
+        masks: the node masks, each a 0/1 array ``(p_l,)``.
+        buckets: ``None`` or one block size ``B_l`` per hidden layer (``None`` entries: the physical width;
+            sizes above ``p_l`` are cut to ``p_l``).
+
+    Returns:
+        An :class:`EffectiveIndex` with, per hidden layer, ``idx`` (integer, ``(B_l,)``) and ``valid`` (boolean,
+        ``(B_l,)``).
+    """
     idxs, valids = [], []
     for l, m in enumerate(masks):
         p = m.shape[0]
@@ -253,7 +304,18 @@ def _take(W, rows, cols):
 
 
 def gather_effective(params, index: EffectiveIndex):
-    """The effective parameters ``theta_E``: weights and biases between active nodes, as dense blocks."""
+    """The effective parameters ``theta_E``: weights and biases between active nodes, as dense blocks.
+
+    Args:
+        params: the full parameters ``((W_1, b_1), ..., (W_{L+1}, b_{L+1}))``.
+        index: the :class:`EffectiveIndex` of the masks (:func:`effective_index`).
+
+    Returns:
+        A tuple of ``(W, b)`` blocks, one per layer: the rows of the indexed nodes of the layer below (all input
+        rows for the first layer) and the columns of the indexed nodes of the layer (all outputs for the last),
+        e.g. ``(B_{l-1}, B_l)`` and ``(B_l,)`` between two hidden layers; pad positions hold the stored values of
+        the node they point at.
+    """
     blocks = []
     for (W, b), (rows, cols, _, _) in zip(params, _block_index(index, len(index.idx))):
         blocks.append((_take(W, rows, cols), b if cols is None else b[cols]))
@@ -261,7 +323,17 @@ def gather_effective(params, index: EffectiveIndex):
 
 
 def effective_validity(index: EffectiveIndex, dtype=jnp.float32):
-    """0/1 arrays shaped like ``theta_E``: 1 for real entries, 0 for pads (excluded from the prior)."""
+    """0/1 arrays shaped like ``theta_E``: 1 for real entries, 0 for pads (excluded from the prior).
+
+    Args:
+        index: the :class:`EffectiveIndex` the blocks were gathered with.
+        dtype: the floating dtype of the arrays (default float32).
+
+    Returns:
+        A tuple of ``(weight validity, bias validity)`` per layer, broadcastable against the blocks of
+        :func:`gather_effective` (axes of size 1 where every entry is real: the input rows of the first layer,
+        the output columns and the bias of the last).
+    """
     out = []
     for _, _, rv, cv in _block_index(index, len(index.idx)):
         r = None if rv is None else rv.astype(dtype)
@@ -277,7 +349,16 @@ def effective_validity(index: EffectiveIndex, dtype=jnp.float32):
 
 
 def scatter_effective(params, theta_e, index: EffectiveIndex):
-    """Write ``theta_E`` back into the full parameters (pads keep the stored values)."""
+    """Write ``theta_E`` back into the full parameters (pads keep the stored values).
+
+    Args:
+        params: the full parameters ``((W_1, b_1), ..., (W_{L+1}, b_{L+1}))`` to write into.
+        theta_e: the blocks, shaped as returned by :func:`gather_effective`.
+        index: the :class:`EffectiveIndex` the blocks were gathered with.
+
+    Returns:
+        The full parameters (a tuple of ``(W, b)``) with the real entries of ``theta_e`` written in.
+    """
     out = []
     validity = effective_validity(index, params[0][0].dtype)
     for (W, b), (We, be), (wv, bv), (rows, cols, _, _) in zip(params, theta_e, validity,
@@ -300,7 +381,17 @@ def scatter_effective(params, theta_e, index: EffectiveIndex):
 
 
 def apply_effective(theta_e, masks, index: EffectiveIndex, x):
-    """The network output from ``theta_E`` alone (equal to ``apply`` on the full parameters)."""
+    """The network output from ``theta_E`` alone (equal to ``apply`` on the full parameters).
+
+    Args:
+        theta_e: the effective parameters from :func:`gather_effective`.
+        masks: the full node masks, each ``(p_l,)``.
+        index: the :class:`EffectiveIndex` the blocks were gathered with.
+        x: inputs ``(n, in_dim)``.
+
+    Returns:
+        The network output ``(n, out_dim)``.
+    """
     h = x
     for (W, b), m, idx, valid in zip(theta_e[:-1], masks, index.idx, index.valid):
         h = masked_relu(h @ W + b, jnp.where(valid, m[idx], 0.0))
@@ -309,7 +400,20 @@ def apply_effective(theta_e, masks, index: EffectiveIndex, x):
 
 
 def ineffective_masks(masks, dtype=jnp.float32):
-    """0/1 arrays shaped like the parameters: 1 where an entry does not touch the likelihood."""
+    """0/1 arrays shaped like the parameters: 1 where an entry does not touch the likelihood.
+
+    Args:
+        masks: the node masks, each a 0/1 array ``(p_l,)``.
+        dtype: the floating dtype of the arrays (default float32).
+
+    Returns:
+        A tuple of ``(weight mask, bias mask)`` per layer, broadcastable against ``(W_l, b_l)``: a weight is
+        ineffective when the node it leaves or the node it enters is inactive, a bias when its node is; the
+        output layer's bias is always effective (its mask is ``zeros((1,))``).
+
+    Raises:
+        ValueError: ``masks`` is empty (a network with no hidden layer).
+    """
     act = [None] + [m.astype(dtype) for m in masks] + [None]
     out = []
     for k in range(len(masks) + 1):
@@ -327,7 +431,14 @@ def ineffective_masks(masks, dtype=jnp.float32):
 
 
 def active_counts(masks) -> tuple:
-    """Active nodes per layer, as Python ints (host side; concrete masks only)."""
+    """Active nodes per layer, as Python ints (host side; concrete masks only).
+
+    Args:
+        masks: the node masks, each a 0/1 array ``(p_l,)``.
+
+    Returns:
+        A tuple with the number of active nodes of each layer.
+    """
     return tuple(int(np.asarray(m).sum()) for m in masks)
 
 
@@ -337,6 +448,12 @@ def bucket_sizes(counts, widths, slack: int = 0, minimum: int = 16) -> tuple | N
     Returns ``None`` (full width everywhere) when every layer would need its
     whole physical width, else a tuple with ``None`` entries for layers that run
     at full width. ``counts`` may be per-chain arrays: the maximum is used.
+
+    Args:
+        counts: the active nodes per layer (ints, or per-chain arrays).
+        widths: the physical widths ``p_l``.
+        slack: room added to every count before rounding up (default 0).
+        minimum: the smallest block size (default 16).
     """
     out = []
     for c, p in zip(counts, widths):
@@ -351,7 +468,18 @@ def bucket_sizes(counts, widths, slack: int = 0, minimum: int = 16) -> tuple | N
 # ---------------------------------------------------------------------------
 
 def mask_prior_strength(lam: float, n: int) -> float:
-    """``c = (lambda ln n)^5`` (paper eq. 4; natural log as in the authors' code)."""
+    """``c = (lambda ln n)^5`` (paper eq. 4; natural log as in the authors' code).
+
+    Args:
+        lam: the paper's ``lambda`` (> 0).
+        n: the training-set size (>= 2).
+
+    Returns:
+        ``c`` as a float.
+
+    Raises:
+        ValueError: ``lam <= 0`` or ``n < 2``.
+    """
     if not lam > 0:
         raise ValueError(f"mask prior: lambda must be > 0, got {lam}")
     if int(n) < 2:
@@ -360,7 +488,15 @@ def mask_prior_strength(lam: float, n: int) -> float:
 
 
 def log_mask_prior(masks, c: float):
-    """``sum_l [-c s_l^2 - log C(p_l, s_l)]`` (paper eqs. 4-5, up to a constant); ``-inf`` if some ``s_l = 0``."""
+    """``sum_l [-c s_l^2 - log C(p_l, s_l)]`` (paper eqs. 4-5, up to a constant); ``-inf`` if some ``s_l = 0``.
+
+    Args:
+        masks: the node masks, each a 0/1 array ``(p_l,)``.
+        c: the prior strength (:func:`mask_prior_strength`).
+
+    Returns:
+        The log mask prior, a scalar.
+    """
     total = 0.0
     for m in masks:
         p = m.shape[0]
@@ -371,13 +507,30 @@ def log_mask_prior(masks, c: float):
 
 
 def cauchy_log_prior(params, scale: float):
-    """Sum of ``log Cauchy(theta; 0, scale)`` over every weight and bias (paper eq. 6)."""
+    """Sum of ``log Cauchy(theta; 0, scale)`` over every weight and bias (paper eq. 6).
+
+    Args:
+        params: a pytree of parameter arrays (every leaf counts, active or not).
+        scale: the Cauchy scale (> 0).
+
+    Returns:
+        The log prior, a scalar.
+    """
     prior = dist.Cauchy(0.0, scale)
     return sum(jnp.sum(prior.log_prob(x)) for x in jax.tree_util.tree_leaves(params))
 
 
 def gaussian_loglik(f, y, sigma2):
-    """``sum_i log N(y_i; f_i, sigma^2)`` and the residual sum of squares."""
+    """``sum_i log N(y_i; f_i, sigma^2)`` and the residual sum of squares.
+
+    Args:
+        f: the network outputs, reshaped to the shape of ``y`` (e.g. ``(n, 1)`` for ``(n,)`` targets).
+        y: the targets.
+        sigma2: the noise variance ``sigma^2``.
+
+    Returns:
+        ``(log-likelihood, SSE)``, two scalars.
+    """
     f = f.reshape(y.shape)
     sse = jnp.sum((y - f) ** 2)
     n = y.size
@@ -385,13 +538,32 @@ def gaussian_loglik(f, y, sigma2):
 
 
 def categorical_loglik(logits, y):
-    """``sum_i log softmax(logits_i)[y_i]`` for integer labels ``y``."""
+    """``sum_i log softmax(logits_i)[y_i]`` for integer labels ``y``.
+
+    Args:
+        logits: the network outputs ``(n, classes)``.
+        y: the class labels ``(n,)`` (cast to int32).
+
+    Returns:
+        The log-likelihood, a scalar.
+    """
     logp = jax.nn.log_softmax(logits, axis=-1)
     return jnp.sum(jnp.take_along_axis(logp, y[:, None].astype(jnp.int32), axis=-1))
 
 
 def gibbs_sigma2(key, sse, n: int, a: float, b: float):
-    """Conjugate draw ``sigma^2 | rest ~ InvGamma(a + n/2, b + SSE/2)`` (the authors' ``sigma_update`` with a = 1)."""
+    """Conjugate draw ``sigma^2 | rest ~ InvGamma(a + n/2, b + SSE/2)`` (the authors' ``sigma_update`` with a = 1).
+
+    Args:
+        key: PRNG key.
+        sse: the residual sum of squares ``SSE`` (from :func:`gaussian_loglik`).
+        n: the number of observations.
+        a: the shape of the inverse-gamma prior on ``sigma^2``.
+        b: the scale of the inverse-gamma prior on ``sigma^2``.
+
+    Returns:
+        The drawn ``sigma^2``.
+    """
     return dist.InverseGamma(a + 0.5 * n, b + 0.5 * sse).sample(key)
 
 
@@ -404,7 +576,11 @@ class MaskedCNN(NamedTuple):
     parameterisation), each followed by a channel-masked ReLU, then a flattened dense readout (small images
     such as 8 x 8 digits keep their spatial layout; a ResNet would pool first).
 
-    in_shape: ``(H, W, C)``; channels: physical channels per conv layer; active: initially active channels.
+    Attributes:
+        in_shape: ``(H, W, C)``.
+        channels: physical channels per conv layer.
+        active: initially active channels (the first ``active[l]`` of each layer).
+        out_dim: outputs of the dense readout (the number of classes).
     """
 
     in_shape: tuple
@@ -460,7 +636,22 @@ class MaskedCNN(NamedTuple):
 
 
 def masked_cnn(in_shape, channels=(40, 80), active=None, out_dim: int = 10) -> MaskedCNN:
-    """A masked CNN spec; ``active`` defaults to 4/5 of ``channels`` (the authors' ResNet-18 start)."""
+    """A masked CNN spec; ``active`` defaults to 4/5 of ``channels`` (the authors' ResNet-18 start).
+
+    Args:
+        in_shape: the image shape ``(H, W, C)``.
+        channels: physical channels per conv layer.
+        active: initially active channels per layer, ``1 <= active[l] <= channels[l]``; ``None``: 4/5 of
+            ``channels`` (at least 1).
+        out_dim: outputs of the dense readout (the number of classes).
+
+    Returns:
+        The :class:`MaskedCNN`.
+
+    Raises:
+        ValueError: ``in_shape`` is not three-dimensional, or an ``active`` count is out of range or of the wrong
+            length.
+    """
     channels = tuple(int(c) for c in channels)
     active = tuple(max(1, (4 * c) // 5) for c in channels) if active is None else tuple(int(a) for a in active)
     if len(tuple(in_shape)) != 3:

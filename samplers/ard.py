@@ -40,7 +40,16 @@ def sample(model: ard.ArdMLP, Z, y, key, *, sigma2: float, group: str = "row+col
       functions: extra ``name -> fn(params)`` kept at every draw (evaluated on the *network parameters*, not the
         raw position); ``"params"`` (the weights and biases) and ``"upsilon"`` (per-weight prior variances, zero
         where ``masks`` hold a weight at zero) are always kept.
-    Returns: the driver's :class:`~samplers.driver.DriverResult`.
+      keep_position: also keep the raw position (``z``, the biases and, unless ``fixed_variances`` is given,
+        ``log_var``) at every draw, as ``"position"``.
+      **driver_kwargs: passed on to `samplers.driver.sample`.
+
+    Returns:
+      the driver's :class:`~samplers.driver.DriverResult`.
+
+    Raises:
+      ValueError: ``masks`` whose shapes are not the model's weight shapes; also the errors of
+        `finite.ard.log_density` and `samplers.driver.sample`.
     """
     logp = ard.log_density(model, Z, y, sigma2, group=group, block=block, hyper=hyper, bias_var=bias_var,
                            fixed_variances=fixed_variances)
@@ -89,7 +98,17 @@ def summarise(result: driver.DriverResult, threshold: float = 1e-4) -> dict:
     """Posterior summaries of an ARD run: per layer the posterior-median variance of every weight and the
     fraction of weights whose median variance is at least ``threshold`` (the sampled sparsity pattern, beside
     Algorithm 1's ``kappa_upsilon`` pruning; weights held at zero by ``masks`` have variance 0 and count as pruned),
-    and the driver's diagnostics of the weights."""
+    and the driver's diagnostics of the weights.
+
+    Args:
+        result: the :class:`~samplers.driver.DriverResult` of :func:`sample` (its draws hold ``"upsilon"``).
+        threshold: the variance at or above which a weight counts as kept (default 1e-4).
+
+    Returns:
+        A dict with ``"median_upsilon"`` (per layer, the ``(n_in, n_out)`` posterior medians over all chains and
+        draws), ``"fraction_remaining"`` (a float) and ``"diagnostics"`` (the scalar entries of
+        `samplers.driver.diagnostics`).
+    """
     ups = result.draws["upsilon"]
     med = [np.median(np.asarray(u).reshape(-1, *np.shape(u)[2:]), axis=0) for u in ups]
     kept = sum(float(np.sum(m >= threshold)) for m in med) / sum(m.size for m in med)

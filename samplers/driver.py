@@ -245,6 +245,11 @@ def chain_diagnostics(draws: dict, keys=None) -> dict:
 def phase_summary(acceptance, divergent, num_warmup: int) -> dict:
     """Mean acceptance and divergence counts of per-iteration traces ``(chains, iterations)``, split at warm-up.
 
+    Args:
+        acceptance: the acceptance probabilities ``(chains, iterations)``.
+        divergent: the divergence flags ``(chains, iterations)``.
+        num_warmup: the number of leading warm-up iterations.
+
     Returns:
         ``{acceptance, acceptance_warmup, divergences, divergences_warmup}`` (NaN means for empty phases).
     """
@@ -271,6 +276,14 @@ def save_checkpoint(path: str, payload: dict) -> None:
 
 def load_checkpoint(path: str, config: dict, who: str = "sample") -> dict | None:
     """The payload saved at ``path`` (``None`` if there is no file).
+
+    Args:
+        path: the checkpoint file (an empty path counts as no file).
+        config: the settings of the run that wants to resume; the payload's ``"config"`` must equal it.
+        who: the caller's name, used in the error message (default ``"sample"``).
+
+    Returns:
+        The saved payload (a dict, as written by :func:`save_checkpoint`), or ``None``.
 
     Raises:
         ValueError: the checkpoint's ``config`` differs from ``config`` (naming the differing settings).
@@ -302,9 +315,18 @@ def run_chunks(advance: Callable[[int, int], int], *, total: int, done: int = 0,
     Args:
         advance: ``(done, stop) -> new done``. total: iterations of the whole run. done, seconds: where a resumed
         run stands. postfix: ``() -> dict`` shown beside the bar.
+        next_stop: ``done -> stop`` (capped at ``total``); ``None``: run to ``total`` in one call.
+        at_boundary: ``done -> None`` called before every ``advance``, or ``None``.
+        save: ``seconds -> None`` writing a checkpoint, or ``None`` (no checkpoints).
+        checkpoint_every: seconds between two timed calls of ``save`` (default 60).
+        progress: show a tqdm progress bar.
+        desc: the bar's label (``None``: none).
 
     Returns:
         ``(done, seconds)``: iterations done and the run's wall time (resumed runs add up).
+
+    Raises:
+        RuntimeError: ``advance`` returned a count that does not move forward or passes ``total``.
     """
     bar = None
     if progress:
@@ -353,7 +375,16 @@ class DriverState(NamedTuple):
 
 class StepStats(NamedTuple):
     """Per-iteration statistics: acceptance probability, accepted, divergent, leapfrog steps, the step size
-    used, and the log density after the iteration."""
+    used, and the log density after the iteration.
+
+    Attributes:
+        acceptance_rate: the acceptance probability of the transition (NaN reported as 0).
+        is_accepted: whether the position moved.
+        is_divergent: whether the trajectory diverged.
+        num_integration_steps: the leapfrog steps of the trajectory.
+        step_size: the step size the transition used.
+        logdensity: the log density at the position after the iteration.
+    """
 
     acceptance_rate: jnp.ndarray
     is_accepted: jnp.ndarray
@@ -478,8 +509,13 @@ def chain_sharding(num_chains: int, shard):
     """The ``NamedSharding`` that splits a leading chain axis over the local devices, or ``None``.
 
     Args:
+        num_chains: the number of chains (the length of the leading axis).
         shard: ``None``: shard when there are several local devices and they divide ``num_chains``; ``True``:
             shard (an error if they do not divide it); ``False``: do not.
+
+    Returns:
+        A ``jax.sharding.NamedSharding`` over a 1-D mesh of the local devices (axis ``"chains"``), or ``None``
+        when the chains are not sharded.
 
     Raises:
         ValueError: ``shard=True`` and the device count does not divide ``num_chains``.
@@ -788,6 +824,9 @@ def inference_data_dict(result: DriverResult) -> dict:
 
 def to_inference_data(result: DriverResult):
     """Export a run to ArviZ: ``posterior`` (the kept draws) and ``sample_stats`` (see :func:`inference_data_dict`).
+
+    Args:
+        result: a :class:`DriverResult`.
 
     Returns:
         ArviZ's ``InferenceData`` (ArviZ 0.x) or ``DataTree`` (ArviZ >= 1.0), with dimensions ``chain, draw``.

@@ -173,7 +173,15 @@ class WarmupState(NamedTuple):
 class Warmup(NamedTuple):
     """``init(position, step_size, inverse_mass_matrix=None) -> WarmupState`` and
     ``update(state, t, position, acceptance_rate) -> WarmupState`` for warm-up iteration ``t`` (may be traced,
-    ``0 <= t < num_steps``); ``schedule`` is Stan's ``(num_steps, 2)`` table of (slow window?, window end?)."""
+    ``0 <= t < num_steps``); ``schedule`` is Stan's ``(num_steps, 2)`` table of (slow window?, window end?).
+
+    Attributes:
+        init: builds the initial :class:`WarmupState` of a chain.
+        update: advances the state by warm-up iteration ``t``.
+        schedule: the ``(num_steps, 2)`` int32 table (all zeros unless the adaptation is ``'window'``).
+        num_steps: the number of warm-up iterations.
+        name: the adaptation: ``'window'``, ``'dual_averaging'`` or ``'none'``.
+    """
 
     init: Callable
     update: Callable

@@ -27,7 +27,17 @@ __all__ = ["MSGLDState", "msgld_epoch", "random_crop_flip"]
 def random_crop_flip(key, xb, pad: int = 4, fill=0.0):
     """The standard CIFAR augmentation on an NHWC batch: pad each image by ``pad`` pixels with ``fill`` (a
     scalar or one value per channel), crop a random window of the original size, flip horizontally with
-    probability 1/2 (independently per image)."""
+    probability 1/2 (independently per image).
+
+    Args:
+        key: PRNG key of the crop offsets and the flips.
+        xb: the image batch ``(n, H, W, C)``.
+        pad: the padding in pixels on every side (default 4); offsets run over ``0 .. 2 * pad``.
+        fill: the padding value, a scalar or ``(C,)`` (default 0).
+
+    Returns:
+        The augmented batch, of the shape and dtype of ``xb``.
+    """
     n, h, w, c = xb.shape
     fill = jnp.broadcast_to(jnp.asarray(fill, xb.dtype), (c,))
     padded = jnp.broadcast_to(fill, (n, h + 2 * pad, w + 2 * pad, c))
@@ -61,9 +71,37 @@ def msgld_epoch(key, state: MSGLDState, net, x, y, *, batch_size: int, step_size
     batch-norm parameters without a prior), else Cauchy(0, prior_scale) on every parameter. With a
     ``state.net_state`` the gradient comes from ``net.apply_train`` (batch statistics), which also returns the
     updated state; mask moves use training-mode batch statistics too. ``augment(key, xb)`` (optional, e.g.
-`random_crop_flip`) transforms each mini-batch before use. Returns the new state and the number of
+    `random_crop_flip`) transforms each mini-batch before use. Returns the new state and the number of
     accepted mask moves. Written to be wrapped in ``jax.jit`` with ``net``, ``batch_size`` and the integer
     settings static.
+
+    Args:
+        key: PRNG key of the epoch (the shuffle, the SGLD noise, the mask moves and ``augment``).
+        state: the chain's :class:`MSGLDState`.
+        net: the masked network: ``net.apply(params, masks, x) -> logits``, optionally ``net.log_prior`` and,
+            for a stateful network, ``net.apply_train(params, net_state, masks, x) -> (logits, net_state)``.
+        x: training inputs ``(n, ...)`` (cast to the parameters' dtype).
+        y: integer class labels ``(n,)``.
+        batch_size: the mini-batch size ``B``; the epoch takes ``n // B`` steps (the remainder of the shuffled
+            data is left out).
+        step_sizes: the SGLD step sizes, one per mini-batch step ``(n // B,)``.
+        prior_scale: the Cauchy prior scale (or the scale handed to ``net.log_prior``).
+        lam: the mask prior's ``lambda``; the prior strength is ``c = (lam ln n)^5``.
+        t_mh: the steps between two rounds of mask moves (the moves follow steps ``t_mh - 1``, ``2 t_mh - 1``,
+            ...; default 10).
+        n_mh: birth/death moves per round (default 1).
+        n_max: the most nodes one move flips, 1 to 5 (default 3).
+        temperature: the scale of the injected noise (1 = the posterior).
+        birth: the birth selection proposal, one of ``samplers.masks.PROPOSALS``.
+        death: the death selection proposal, one of ``samplers.masks.PROPOSALS``.
+        augment: optional ``(key, xb) -> xb`` applied to every mini-batch.
+
+    Returns:
+        ``(MSGLDState, accepted)``: the state after the epoch and the number of accepted mask moves (an int32
+        scalar).
+
+    Raises:
+        ValueError: fewer than ``batch_size`` training points, or an unknown proposal or ``n_max`` out of range.
     """
     from blackjax.sgmcmc import diffusions
 
