@@ -102,7 +102,21 @@ def _floats(tree):
 
 
 def mlp_kernel(depth: int, activation: str, W_std, b_std, last_W_std=1.0):
-    """NNGP ``kernel_fn`` of an MLP with ``depth`` hidden layers (scales may be traced; `smnngp.models.mlp`)."""
+    """NNGP ``kernel_fn`` of an MLP with ``depth`` hidden layers (scales may be traced; `smnngp.models.mlp`).
+
+    Args:
+        depth: number of hidden layers, a positive int.
+        activation: ``'relu'`` or ``'erf'``.
+        W_std: weight standard deviation of the hidden layers.
+        b_std: bias standard deviation of the hidden layers and the readout (``None``: no biases).
+        last_W_std: weight standard deviation of the readout layer.
+
+    Returns:
+        The stax ``kernel_fn(x1, x2=None, get=None)`` of the MLP.
+
+    Raises:
+        ValueError: if ``depth`` is not a positive integer or ``activation`` is unknown.
+    """
     _check_depth(depth)
     return models.mlp(depth, activation, W_std, b_std, last_W_std)[2]
 
@@ -117,6 +131,20 @@ def mlp_parametric_kernel(depth: int, activation: str, init: dict[str, float]) -
 
     A scale left out of ``init`` is fixed (``last_W_std`` at 1). Floors as in this module (``W_std``,
     ``last_W_std`` above 1e-3, ``b_std`` above 0).
+
+    Args:
+        depth: number of hidden layers, a positive int.
+        activation: ``'relu'`` or ``'erf'``.
+        init: starting values of the fitted scales: ``W_std`` and ``b_std``, optionally ``last_W_std``; each must
+            exceed its floor.
+
+    Returns:
+        `smnngp.kernels.ParametricKernel` of the MLP's NNGP (readout with bias), built by
+        `smnngp.stax.parametric_kernel`, whose ``constrain(theta)`` gives the scales named in ``init``.
+
+    Raises:
+        ValueError: if ``depth`` is not a positive integer, ``init`` lacks ``W_std`` or ``b_std`` or holds other
+            names, ``activation`` is unknown, or a starting value is not above its floor.
     """
     _check_depth(depth)
     unknown = set(init) - set(_MLP_SCALES)
@@ -129,7 +157,20 @@ def mlp_parametric_kernel(depth: int, activation: str, init: dict[str, float]) -
 
 
 def default_init(model: str, activation: str = "relu") -> dict[str, float]:
-    """Starting values of the MLP fit (for standardised inputs and targets), in `fit_hyperparameters`' order."""
+    """Starting values of the MLP fit (for standardised inputs and targets), in `fit_hyperparameters`' order.
+
+    Args:
+        model: ``'gaussian'``, ``'student_t'`` or ``'burr12'``.
+        activation: ``'relu'`` or ``'erf'``; sets the starting ``W_std`` (`smnngp.models.W_STD`).
+
+    Returns:
+        Dict of starting values: ``W_std``, ``b_std`` (0.1) and ``noise`` (0.1) for every model, then
+        ``last_W_std`` (1) for ``'gaussian'``, ``a`` and ``b`` (2, 2) for ``'student_t'``, or ``c``, ``k`` (2, 1)
+        and ``last_W_std`` (1) for ``'burr12'``.
+
+    Raises:
+        ValueError: if ``model`` or ``activation`` is unknown.
+    """
     models.check_model(model)
     if activation not in models.ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(models.ACTIVATIONS)}, got {activation!r}")
@@ -154,6 +195,18 @@ class FitResult:
     ``params`` holds the fitted values as Python floats: the kernel's (``kernel.constrain(theta)``), the
     ``noise`` and the prior's. ``kernel`` is the `ParametricKernel` at the fitted ``theta``; ``depth`` and
     ``activation`` are set for the MLP of :func:`fit_hyperparameters` (``None`` otherwise).
+
+    Attributes:
+        model: the model fitted, ``'gaussian'``, ``'student_t'`` or ``'burr12'``.
+        depth: number of hidden layers of the MLP, or ``None`` for a kernel given to :func:`fit_kernel`.
+        activation: the MLP's activation name, or ``None``.
+        params: fitted values by name, as Python floats (lists of floats for array-valued kernel parameters).
+        val_nll: validation negative log predictive density per point and output at the kept state.
+        steps: number of optimisation steps after which the kept state was reached.
+        seconds: wall-clock duration of the fit.
+        history: one dict per evaluation with ``step``, ``loss`` (training loss), ``val_nll`` and, for
+            :func:`fit_kernel` and :func:`fit_hyperparameters`, ``lr_scale`` (the plateau factor).
+        kernel: the `ParametricKernel` at the fitted ``theta``.
     """
 
     model: str
@@ -337,6 +390,36 @@ def fit_kernel(
     ``noise`` (0.1) and prior parameters (`smnngp.models.PRIOR_DEFAULTS`). Inputs ``(N, ...)`` of any
     per-point shape; targets should be standardised, ``(N,)`` or ``(N, C)`` (C outputs sharing one scale).
     Returns the state with the best validation NLL (:class:`FitResult`, ``depth = activation = None``).
+
+    Args:
+        kernel: `ParametricKernel` to fit, starting from its ``theta``.
+        x_train: training inputs, (N, ...).
+        y_train: training targets, (N,) or (N, C), standardised.
+        x_val: validation inputs with the per-point shape of ``x_train``.
+        y_val: validation targets, (N_val,) or (N_val, C).
+        model: ``'gaussian'``, ``'student_t'`` (default) or ``'burr12'``: which scale prior is fitted.
+        init: starting values of ``noise`` and of the prior's parameters (a subset); the rest take their
+            defaults.
+        learning_rate: Adam's initial learning rate.
+        max_steps: largest number of Adam steps.
+        eval_every: Adam steps between two evaluations of the validation NLL (and updates of the plateau rule).
+        patience: evaluations without improvement before the plateau rule halves the learning rate.
+        max_halvings: training stops once the learning rate has been halved this many times.
+        num_is_samples: fixed importance-sampling draws of the training loss for ``'burr12'``.
+        num_val_samples: prior samples of the importance-sampling posterior used for the validation NLL
+            (``'burr12'``).
+        seed: seed of the importance-sampling uniforms and of the validation posterior's key.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        :class:`FitResult` at the evaluation with the lowest validation NLL, with the kernel at that ``theta``.
+
+    Raises:
+        TypeError: if ``kernel`` is not a `ParametricKernel` or its ``constrain(theta)`` is not a dict.
+        ValueError: if ``model`` is unknown, the data have mismatched shapes or non-finite values, the kernel's
+            names clash with ``noise``, ``scale``, ``a``, ``b``, ``c`` or ``k``, or ``init`` names an unknown
+            hyperparameter.
+        FloatingPointError: if no evaluation gave a finite validation NLL.
     """
     models.check_model(model)
     if not isinstance(kernel, ParametricKernel):
@@ -444,6 +527,34 @@ def fit_hyperparameters(
     """:func:`fit_kernel` for the MLP (module docstring): ``init`` may set any of :func:`default_init`'s values.
 
     Inputs ``(N, d)``; targets standardised, ``(N,)`` or ``(N, C)``. ``params`` of the result are sorted by name.
+
+    Args:
+        x_train: training inputs, (N, d).
+        y_train: training targets, (N,) or (N, C), standardised.
+        x_val: validation inputs, (N_val, d).
+        y_val: validation targets, (N_val,) or (N_val, C).
+        model: ``'gaussian'``, ``'student_t'`` (default) or ``'burr12'``.
+        depth: number of hidden layers of the MLP, a positive int.
+        activation: ``'relu'`` or ``'erf'``.
+        init: starting values overriding those of :func:`default_init` (a subset of its names).
+        learning_rate: Adam's initial learning rate.
+        max_steps: largest number of Adam steps.
+        eval_every: Adam steps between two evaluations of the validation NLL.
+        patience: evaluations without improvement before the learning rate is halved.
+        max_halvings: training stops once the learning rate has been halved this many times.
+        num_is_samples: fixed importance-sampling draws of the training loss for ``'burr12'``.
+        num_val_samples: prior samples of the importance-sampling posterior for the validation NLL.
+        seed: seed of the importance-sampling uniforms and of the validation posterior's key.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        :class:`FitResult` of the best validation NLL, with ``depth`` and ``activation`` set and the MLP scales,
+        ``noise`` and the prior's parameters in ``params``.
+
+    Raises:
+        ValueError: if ``model``, ``activation`` or a name in ``init`` is unknown, ``depth`` is not a positive
+            integer, or the data have mismatched shapes or non-finite values.
+        FloatingPointError: if no evaluation gave a finite validation NLL.
     """
     models.check_model(model)
     x, xv, y, yv = (jnp.asarray(a) for a in (x_train, x_val, y_train, y_val))
@@ -471,7 +582,22 @@ def select_architecture(
     x_train, y_train, x_val, y_val, model: str = "student_t", *,
     depths: Sequence[int] = (1, 2, 3, 4), activations: Sequence[str] = ("relu", "erf"), **kwargs: Any,
 ) -> tuple[FitResult, list[FitResult]]:
-    """Fit every (depth, activation) and return the best by validation NLL, plus all fits."""
+    """Fit every (depth, activation) and return the best by validation NLL, plus all fits.
+
+    Args:
+        x_train: training inputs, (N, d).
+        y_train: training targets, (N,) or (N, C).
+        x_val: validation inputs, (N_val, d).
+        y_val: validation targets.
+        model: ``'gaussian'``, ``'student_t'`` (default) or ``'burr12'``.
+        depths: numbers of hidden layers to try.
+        activations: activation names to try.
+        **kwargs: passed on to :func:`fit_hyperparameters` (``learning_rate``, ``max_steps``, ...).
+
+    Returns:
+        Tuple ``(best, fits)``: the :class:`FitResult` with the lowest ``val_nll`` and the list of all fits,
+        ordered by activation, then depth.
+    """
     fits = []
     for act in activations:
         for d in depths:
@@ -531,6 +657,28 @@ def fit_burr_given_kernel(
     Adam on the importance-sampling marginal likelihood costs O(S).  The
     checkpoint with the best validation NLL is kept.  This is how the UCI
     experiment fits its Burr XII model (documented there).
+
+    Args:
+        base: a previous fit (e.g. the Student-t one) whose kernel and ``noise`` are kept fixed.
+        x_train: training inputs, as used for ``base``.
+        y_train: training targets, (N,) or (N, C).
+        x_val: validation inputs.
+        y_val: validation targets.
+        init: starting values of ``c``, ``k`` and ``scale`` (defaults 2, 1 and 1).
+        learning_rate: Adam's learning rate (constant).
+        steps: number of Adam steps, run in blocks of ``eval_every`` (rounded up to a multiple of it).
+        eval_every: Adam steps between two evaluations of the validation NLL.
+        num_is_samples: fixed importance-sampling draws of the training loss.
+        num_val_samples: prior samples of the importance-sampling posterior for the validation NLL.
+        seed: seed of the importance-sampling uniforms (the validation key uses ``seed + 1``).
+
+    Returns:
+        :class:`FitResult` with model ``'burr12'`` at the evaluation with the lowest validation NLL; its
+        ``params`` hold the kernel's values, ``noise``, ``c``, ``k`` and ``scale``.
+
+    Raises:
+        NotPositiveDefiniteError: if the training kernel plus noise cannot be factorised.
+        FloatingPointError: if no evaluation gave a finite validation NLL.
     """
     t0 = time.perf_counter()
     x, y, xv, yv = (jnp.asarray(a) for a in (x_train, y_train, x_val, y_val))

@@ -62,6 +62,18 @@ class Kernel:
     ``full`` selects the spatial layout and ``is_gaussian`` records whether the
     pre-activations are Gaussian (an affine layer came last), which an
     activation's closed form requires.
+
+    Args:
+        nngp: NNGP covariances between the points of ``x1`` and ``x2``, (N1, N2, ...) in the layout that
+            ``full`` selects.
+        ntk: neural tangent kernel in the layout of ``nngp`` (a scalar zero before any layer has acted), or
+            ``None`` when it is not computed.
+        cov1: variances E[f(x1)^2] of the points of ``x1``, (N1, ...).
+        cov2: variances of the points of ``x2``, (N2, ...), or ``None`` when ``x2`` is ``x1``.
+        shape1: shape of the finite network's activations on ``x1`` (stored as a tuple).
+        shape2: the same for ``x2``.
+        full: whether the covariances of all pairs of spatial positions are tracked.
+        is_gaussian: whether the pre-activations are Gaussian (the last layer was affine).
     """
 
     __slots__ = ("nngp", "ntk", "cov1", "cov2", "shape1", "shape2", "full", "is_gaussian")
@@ -172,6 +184,16 @@ def kernel_memory_bytes(kernel_fn: Callable, x1, x2, get=("nngp", "ntk")) -> int
 
     Falls back to a size estimate (8 live copies of the largest intermediate)
     when the backend reports no memory analysis.
+
+    Args:
+        kernel_fn: ``kernel_fn(x1, x2, get=...)`` as built by :mod:`smnngp.stax`.
+        x1: first inputs, an array or a ``jax.ShapeDtypeStruct`` (only shape and dtype are used).
+        x2: second inputs, an array or a ``jax.ShapeDtypeStruct``.
+        get: which kernels the call computes, as for ``kernel_fn`` (default both NNGP and NTK).
+
+    Returns:
+        Bytes XLA plans for temporaries plus outputs of the compiled call; without a memory analysis, 8 times
+        the size of the largest output (an estimate).
     """
     fn = jax.jit(lambda a, b: kernel_fn(a, b, get=get))
     compiled = fn.lower(x1, x2).compile()
@@ -231,6 +253,22 @@ def batched_kernel_fn(
 
     The returned function has the signature ``fn(x1, x2=None, get=('nngp','ntk'))``
     and returns numpy arrays in the same structure as ``kernel_fn``.
+
+    Args:
+        kernel_fn: ``kernel_fn(x1, x2, get=...)`` to evaluate; it must return a named tuple of the requested
+            kernels (as the kernels of :mod:`smnngp.stax` do).
+        batch_size: rows per tile (a positive int), or ``None`` to choose it from ``max_memory_bytes``.
+        max_memory_bytes: memory cap per tile in bytes when ``batch_size`` is ``None`` (positive; default 1 GiB).
+        devices: devices over which the tiles are sharded; ``None`` means all local devices.
+        progress: show a tqdm progress bar over the groups of tiles.
+
+    Returns:
+        Function ``fn(x1, x2=None, get=('nngp', 'ntk'))`` returning NumPy arrays of shape (N1, N2, ...): one
+        array for a string ``get``, a named tuple for a tuple (``get=None`` means both kernels). It raises
+        ValueError for inputs without a batch and a feature axis, or that differ beyond the batch axis.
+
+    Raises:
+        ValueError: if ``batch_size`` is not a positive integer or ``max_memory_bytes`` is not positive.
     """
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -377,7 +415,14 @@ class ParametricKernel(NamedTuple):
 
 
 def softplus_inverse(y):
-    """``x`` with ``softplus(x) = y`` for ``y > 0`` (stable for large ``y``)."""
+    """``x`` with ``softplus(x) = y`` for ``y > 0`` (stable for large ``y``).
+
+    Args:
+        y: positive number or array.
+
+    Returns:
+        JAX array of the shape of ``y``: ``y + log(1 - exp(-y))`` (not finite for ``y <= 0``).
+    """
     y = jnp.asarray(y)
     return y + jnp.log(-jnp.expm1(-y))
 
@@ -387,6 +432,18 @@ def rbf(lengthscale=1.0, variance=1.0) -> ParametricKernel:
 
     Inputs of any per-point shape are flattened. ``lengthscale`` may be a scalar or one value per
     feature (ARD). Both are kept positive by softplus; they must be positive and finite.
+
+    Args:
+        lengthscale: initial lengthscale, a positive scalar or an array with one value per flattened feature.
+        variance: initial signal variance, a positive scalar.
+
+    Returns:
+        `ParametricKernel` with ``theta = {'lengthscale': ..., 'variance': ...}`` holding the softplus inverses
+        of the initial values; ``apply(theta, x1, x2)`` returns the (N1, N2) kernel matrix in the dtype of the
+        inputs and ``constrain(theta)`` the positive values.
+
+    Raises:
+        ValueError: if ``lengthscale`` or ``variance`` is not positive and finite.
     """
     ls = np.asarray(lengthscale, dtype=float)
     var = float(variance)

@@ -49,6 +49,18 @@ class Cholesky(NamedTuple):
 
 
 def check_square(A, name: str = "matrix") -> jax.Array:
+    """Check that ``A`` is a non-empty square 2-D matrix.
+
+    Args:
+        A: array-like to check; it is converted with ``jnp.asarray``.
+        name: how the matrix is called in error messages.
+
+    Returns:
+        ``A`` as a JAX array, unchanged otherwise.
+
+    Raises:
+        ValueError: if ``A`` is not 2-D, not square, or has zero rows.
+    """
     A = jnp.asarray(A)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise ValueError(f"{name} must be a square 2-D matrix, got shape {A.shape}")
@@ -125,6 +137,27 @@ def cholesky(
     ``max_relative_jitter * mean(diag A)``; then raises
     :class:`NotPositiveDefiniteError` naming the matrix and the smallest
     eigenvalue.
+
+    This function inspects values on the host and cannot be traced; under ``jit``/``grad`` use
+    :func:`cholesky_jittered`.
+
+    Args:
+        A: symmetric positive (semi-)definite matrix of shape (N, N); integer input is cast to the default
+            floating dtype.
+        name: how the matrix is called in error messages.
+        max_relative_jitter: largest jitter tried, relative to the mean diagonal of ``A``.
+        check_symmetric: if true (default), raise when ``max |A - A^T|`` exceeds ``1e3 * eps`` times the
+            largest absolute entry.
+
+    Returns:
+        :class:`Cholesky` with the lower factor ``L`` and the absolute ``jitter`` that was added (0.0 when the
+        plain factorisation succeeded).
+
+    Raises:
+        ValueError: if ``A`` is not a non-empty square matrix, contains NaN or infinite entries, or (with
+            ``check_symmetric``) is not symmetric.
+        NotPositiveDefiniteError: if the mean diagonal is not positive, or no jitter up to the limit gives a
+            finite factor.
     """
     return _shifted_cholesky(A, 0.0, name=name, max_relative_jitter=max_relative_jitter,
                              check_symmetric=check_symmetric)
@@ -166,7 +199,18 @@ def _shifted_cholesky(A, shift: float, *, name: str = "kernel matrix", max_relat
 
 
 def cholesky_jittered(A, relative_jitter: float = 1e-10) -> jax.Array:
-    """Traceable Cholesky of ``A + relative_jitter * mean(diag A) * I`` (for use under jit/grad)."""
+    """Traceable Cholesky of ``A + relative_jitter * mean(diag A) * I`` (for use under jit/grad).
+
+    Values are never inspected: a matrix that is not positive definite gives a factor with NaNs rather
+    than an error.
+
+    Args:
+        A: symmetric positive (semi-)definite matrix of shape (N, N).
+        relative_jitter: jitter added to the diagonal, relative to the mean diagonal of ``A``.
+
+    Returns:
+        Lower-triangular Cholesky factor of the jittered matrix, shape (N, N).
+    """
     n = A.shape[0]
     j = relative_jitter * jnp.mean(jnp.diag(A))
     return jnp.linalg.cholesky(A + j * jnp.eye(n, dtype=A.dtype))
@@ -207,17 +251,41 @@ whiten.defvjp(_whiten_fwd, _whiten_bwd)
 
 
 def solve_triangular(L, B, *, trans: bool = False):
-    """``L^{-1} B`` (or ``L^{-T} B`` with ``trans``) for lower-triangular ``L``."""
+    """``L^{-1} B`` (or ``L^{-T} B`` with ``trans``) for lower-triangular ``L``.
+
+    Args:
+        L: lower-triangular matrix of shape (N, N), typically a Cholesky factor.
+        B: right-hand side of shape (N,) or (N, K).
+        trans: if true, solve with ``L^T`` instead of ``L``.
+
+    Returns:
+        The solution ``L^{-1} B`` (or ``L^{-T} B``), with the shape of ``B``.
+    """
     return jsl.solve_triangular(L, B, lower=True, trans=1 if trans else 0)
 
 
 def cho_solve(L, B):
-    """``(L L^T)^{-1} B``."""
+    """``(L L^T)^{-1} B``.
+
+    Args:
+        L: lower Cholesky factor of shape (N, N).
+        B: right-hand side of shape (N,) or (N, K).
+
+    Returns:
+        The solution ``(L L^T)^{-1} B``, with the shape of ``B``.
+    """
     return jsl.cho_solve((L, True), B)
 
 
 def logdet(L):
-    """``log det(L L^T)`` from a Cholesky factor."""
+    """``log det(L L^T)`` from a Cholesky factor.
+
+    Args:
+        L: lower Cholesky factor of shape (N, N) with a positive diagonal.
+
+    Returns:
+        Scalar ``2 * sum(log(diag L))``.
+    """
     return 2.0 * jnp.sum(jnp.log(jnp.diag(L)))
 
 
@@ -226,6 +294,18 @@ def eigh_psd(A, *, name: str = "kernel matrix"):
 
     Eigenvalues below ``-n * eps * max(lam)`` raise (the matrix is not PSD);
     the tiny negative ones that round-off leaves are clipped to zero.
+
+    Args:
+        A: symmetric positive semi-definite matrix of shape (n, n).
+        name: how the matrix is called in error messages.
+
+    Returns:
+        Tuple ``(lam, U)``: the eigenvalues in ascending order, clipped at zero, shape (n,), and the
+        orthonormal eigenvectors as the columns of ``U``, shape (n, n).
+
+    Raises:
+        ValueError: if ``A`` is not a non-empty square matrix or contains NaN or infinite entries.
+        NotPositiveDefiniteError: if the smallest eigenvalue is below ``-10 * n * eps * max |lam|``.
     """
     A = check_square(A, name)
     if not bool(jnp.all(jnp.isfinite(A))):
@@ -247,6 +327,12 @@ def blas_threads(n: int | None = 1):
     of a training loop (M x M with M in the hundreds) one BLAS thread is several times faster, and under load
     tens of times (a 200 x 200 Cholesky: 0.45 ms against 15-24 ms with two OpenBLAS threads on a busy 2-core
     machine). The limit is set with threadpoolctl and restored on exit; without threadpoolctl it does nothing.
+
+    Args:
+        n: largest number of BLAS threads inside the block; ``None`` leaves the thread count unchanged.
+
+    Returns:
+        A context manager; it yields nothing (use as ``with blas_threads(1): ...``).
     """
     if n is None:
         yield

@@ -52,7 +52,17 @@ B_STD = 0.1
 
 
 def check_model(model) -> str:
-    """``model`` if it names a model, else a ValueError listing the names."""
+    """``model`` if it names a model, else a ValueError listing the names.
+
+    Args:
+        model: model name, one of :data:`MODELS` (``'gaussian'``, ``'student_t'``, ``'burr12'``).
+
+    Returns:
+        ``model`` unchanged.
+
+    Raises:
+        ValueError: if ``model`` is not one of :data:`MODELS`.
+    """
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     return model
@@ -63,6 +73,19 @@ def prior(model: str, params: dict | None = None):
 
     ``'burr12'`` with a ``scale`` entry is ``scale * BurrXII(c, k)`` (Burr XII has no scale parameter of
     its own; `smnngp.hyper.fit_burr_given_kernel` fits one).
+
+    Args:
+        model: model name, one of :data:`MODELS`.
+        params: prior parameters by name (``a``, ``b`` for ``'student_t'``; ``c``, ``k`` and optionally
+            ``scale`` for ``'burr12'``); missing entries take :data:`PRIOR_DEFAULTS`. Ignored for
+            ``'gaussian'``.
+
+    Returns:
+        numpyro distribution on sigma_v^2: ``Delta(1)``, ``InverseGamma(a, b)``, ``BurrXII(c, k)`` or
+        ``scale * BurrXII(c, k)``.
+
+    Raises:
+        ValueError: if ``model`` is unknown, or a concrete parameter is not positive and finite.
     """
     check_model(model)
     p = {**PRIOR_DEFAULTS, **(params or {})}
@@ -92,6 +115,18 @@ def mlp_arch(depth: int, activation: str = "relu", *, readout_bias: bool = True)
     ``Dense(1, W_std=last_W_std)``, as in `smnngp.sklearn`, so that the scale prior alone carries the
     output's offset and scale. The builder is cached: one per (depth, activation, readout_bias), so
     that kernels of the same MLP share their compilations (see `smnngp.stax.parametric_kernel`).
+
+    Args:
+        depth: number of hidden ``Dense`` + activation blocks (a non-negative int; 0 gives the readout alone).
+        activation: name of the activation, a key of :data:`ACTIVATIONS` (``'relu'`` or ``'erf'``).
+        readout_bias: whether the readout layer has a bias of scale ``b_std``.
+
+    Returns:
+        Callable ``arch(params) -> Layer`` building the MLP as a :func:`smnngp.stax.serial` layer; the same
+        object is returned for equal arguments, and it can be pickled.
+
+    Raises:
+        ValueError: if ``activation`` is unknown or ``depth`` is not a non-negative integer.
     """
     _check_mlp(depth, activation)
     key = (int(depth), activation, bool(readout_bias))
@@ -132,7 +167,24 @@ class _MLPArch:
 
 def mlp(depth: int, activation: str = "relu", W_std: float | None = None, b_std: float | None = B_STD,
         last_W_std=1.0, *, readout_bias: bool = True) -> stax.Layer:
-    """The MLP of :func:`mlp_arch` at given scales (``W_std=None``: the activation's default)."""
+    """The MLP of :func:`mlp_arch` at given scales (``W_std=None``: the activation's default).
+
+    Args:
+        depth: number of hidden ``Dense`` + activation blocks (a non-negative int).
+        activation: name of the activation, ``'relu'`` or ``'erf'``.
+        W_std: weight standard deviation of the hidden layers; ``None`` takes :data:`W_STD` of the
+            activation (1.4 for ReLU, 1.5 for Erf).
+        b_std: bias standard deviation of the hidden layers (and of the readout with ``readout_bias``);
+            ``None`` means no biases.
+        last_W_std: weight standard deviation of the readout layer.
+        readout_bias: whether the readout layer has a bias of scale ``b_std``.
+
+    Returns:
+        The MLP as a ``(init_fn, apply_fn, kernel_fn)`` layer of :mod:`smnngp.stax`.
+
+    Raises:
+        ValueError: if ``activation`` is unknown or ``depth`` is not a non-negative integer.
+    """
     _check_mlp(depth, activation)
     if W_std is None:
         W_std = W_STD[activation]

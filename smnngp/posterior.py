@@ -90,6 +90,16 @@ def as_kernel_callable(kernel) -> Callable:
     Accepts a ``kernel_fn(x1, x2, get)`` from `smnngp.stax` (or anything whose
     signature has a ``get`` parameter: the NNGP is used), a stax layer triple
     ``(init_fn, apply_fn, kernel_fn)``, or a plain ``k(x1, x2)``.
+
+    Args:
+        kernel: a stax ``kernel_fn``, a stax layer ``(init_fn, apply_fn, kernel_fn)`` or a callable ``k(x1, x2)``.
+
+    Returns:
+        Callable ``k(x1, x2=None) -> matrix``: for a ``kernel_fn`` a wrapper returning its NNGP (the same wrapper
+        object for the same hashable ``kernel_fn``), otherwise ``kernel`` itself.
+
+    Raises:
+        TypeError: if ``kernel`` is not callable.
     """
     if isinstance(kernel, tuple) and len(kernel) == 3 and all(callable(f) for f in kernel):
         kernel = kernel[2]
@@ -242,7 +252,24 @@ def unscaled_log_weights(lam, ytilde_sq, noise, beta):
 
 def log_marginal_likelihood(k_train, y_train, prior=None, *, noise=0.0, noise_model="scaled", num_samples=10_000,
                             key=None):
-    """``log p(Y)`` under the scale mixture (exact for Delta / conjugate inverse gamma, IS otherwise)."""
+    """``log p(Y)`` under the scale mixture (exact for Delta / conjugate inverse gamma, IS otherwise).
+
+    A shortcut for ``fit_from_kernels(...).log_marginal_likelihood``; see :func:`fit_from_kernels` for the errors
+    and warnings.
+
+    Args:
+        k_train: training kernel matrix Kbar, (N, N), computed with last-layer variance 1.
+        y_train: training targets, (N,) or (N, C).
+        prior: scale prior on sigma^2 (see :func:`smnngp.priors.as_prior`; ``None`` means ``Delta(1)``).
+        noise: ``eps`` (scaled noise) or ``sigma_n^2`` (unscaled noise), a non-negative variance.
+        noise_model: ``'scaled'`` (default) or ``'unscaled'``.
+        num_samples: importance samples drawn from the prior (non-conjugate cases only).
+        key: JAX PRNG key for the importance samples (``None``: ``PRNGKey(0)``).
+
+    Returns:
+        ``log p(Y)``: exact for a ``Delta`` prior and for the inverse gamma prior with scaled noise, otherwise
+        the importance-sampling estimate (a Python float outside transformations).
+    """
     return fit_from_kernels(k_train, y_train, prior, noise=noise, noise_model=noise_model,
                             num_samples=num_samples, key=key).log_marginal_likelihood
 
@@ -257,6 +284,16 @@ class GaussianMixture(dist.Distribution):
     Component ``s`` has weight ``exp(log_weights[s])`` and, for every point,
     mean ``loc[s]`` and standard deviation ``scale[s]`` (broadcast to
     ``(S,) + batch_shape``).  ``log_prob`` is a ``logsumexp`` over components.
+
+    Args:
+        log_weights: unnormalised log weights of the S components, shape (S,); they are normalised on
+            construction.
+        loc: component means, broadcastable to ``(S,) + batch_shape`` with a leading axis of size 1 or S.
+        scale: component standard deviations, broadcastable likewise.
+        validate_args: numpyro's flag to validate arguments and values (``None``: numpyro's global default).
+
+    Raises:
+        ValueError: if ``loc`` and ``scale`` do not broadcast to a leading component axis of size 1 or S.
     """
 
     arg_constraints = {}
@@ -418,7 +455,20 @@ def _student_t_icdf(d: dist.StudentT, q):
 
 
 def interval(predictive, level: float = 0.95):
-    """Central ``level`` interval (lower, upper) of a marginal predictive from :meth:`Posterior.predict`."""
+    """Central ``level`` interval (lower, upper) of a marginal predictive from :meth:`Posterior.predict`.
+
+    Args:
+        predictive: a numpyro distribution from :meth:`Posterior.predict` (``Normal``, ``StudentT`` or
+            :class:`GaussianMixture`); Student-t quantiles are computed with scipy on the host.
+        level: probability mass of the interval, strictly between 0 and 1 (default 0.95).
+
+    Returns:
+        Tuple ``(lower, upper)`` of arrays with the predictive's ``batch_shape``: its ``(1 - level) / 2`` and
+        ``(1 + level) / 2`` quantiles.
+
+    Raises:
+        ValueError: if ``level`` is not in (0, 1).
+    """
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     lo_q, hi_q = (1 - level) / 2, (1 + level) / 2
@@ -491,6 +541,25 @@ class Posterior:
     needed), ``ess`` (importance sampling only), ``scale_posterior`` (``InvGamma`` for the Student-t
     process, the point mass for ``Delta``, else ``None``), ``df``, ``kernel`` and ``x_train`` (``None``
     when fitted from kernel matrices).
+
+    Args:
+        prior: the scale prior, a numpyro distribution (keyword-only, like every argument).
+        noise: ``eps`` (scaled noise) or ``sigma_n^2`` (unscaled noise).
+        noise_model: ``'scaled'`` or ``'unscaled'``.
+        n_train: number N of training points.
+        n_out: number C of outputs.
+        squeeze: whether the targets were given as (N,), so that predictions drop the output axis.
+        log_marginal_likelihood: ``log p(Y)``, exact or estimated.
+        state: arrays of the factorisation: ``L``, ``alpha``, ``q``, ``logdet`` (scaled noise) or ``lam``, ``U``,
+            ``ytilde`` (unscaled noise).
+        jitter: absolute jitter added to the training kernel to factorise it.
+        kernel: the kernel callable ``k(x1, x2)``, or ``None`` when fitted from kernel matrices.
+        x_train: the training inputs, or ``None``.
+        **fields: the fields of the concrete class (``s``; ``a_post``, ``b_post``, ``_df``; ``beta``, ``log_w``,
+            ``_ess``, ``_num_samples``).
+
+    Raises:
+        TypeError: when ``Posterior`` itself is instantiated, or a field is missing or unknown.
     """
 
     kind: str = ""
@@ -953,6 +1022,19 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
         widened inverse gamma shaped like the likelihood in sigma^2, reweighted by prior / proposal; scaled noise
         only). With many training points the posterior of sigma^2 is narrow and the prior puts few samples in
         it (effective sample sizes of tens out of 10^4); the likelihood proposal keeps most of them.
+      noise_model: ``'scaled'`` (default: the noise is scaled by sigma^2, ``sigma^2 (Kbar + eps I)``) or
+        ``'unscaled'`` (``sigma^2 Kbar + sigma_n^2 I``, which needs ``noise > 0``).
+
+    Returns:
+      A :class:`Posterior`: :class:`GaussianPosterior` for a ``Delta`` prior, :class:`StudentTPosterior` for an
+      inverse gamma prior with scaled noise, :class:`ImportancePosterior` otherwise; it holds ``kernel`` and
+      ``x_train`` so that ``predict(x_test)`` evaluates the test kernels itself.
+
+    Raises:
+      TypeError: if ``kernel`` is not callable or ``prior`` is not a distribution.
+      ValueError: for inputs or targets of the wrong shape or with non-finite values, a negative noise, an
+        unknown ``noise_model`` or ``proposal``, or an invalid prior (see :func:`fit_from_kernels`).
+      NotPositiveDefiniteError: if the training kernel (plus noise) cannot be factorised.
     """
     kfn = as_kernel_callable(kernel)
     x_train = jnp.asarray(x_train)
@@ -968,7 +1050,35 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
 
 def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_model: str = "scaled",
                      num_samples: int = 10_000, key=None, min_ess: float = 30.0, proposal: str = "prior") -> Posterior:
-    """As :func:`fit`, from a precomputed (N, N) training kernel; predict with ``k_test_train``/``k_test_test``."""
+    """As :func:`fit`, from a precomputed (N, N) training kernel; predict with ``k_test_train``/``k_test_test``.
+
+    Args:
+        k_train: training kernel matrix Kbar, (N, N), symmetric positive semi-definite.
+        y_train: training targets, (N,) or (N, C).
+        prior: scale prior on sigma^2 (``None``: ``Delta(1)``; a positive number ``s``: ``Delta(s)``).
+        noise: ``eps`` (scaled noise) or ``sigma_n^2`` (unscaled noise), non-negative and finite.
+        noise_model: ``'scaled'`` (default) or ``'unscaled'`` (needs ``noise > 0``).
+        num_samples: importance samples drawn (non-conjugate cases only), a positive int.
+        key: JAX PRNG key for the importance samples (``None``: ``PRNGKey(0)``).
+        min_ess: warn (:class:`SmallESSWarning`) below this effective sample size.
+        proposal: ``'prior'`` or ``'likelihood'`` (scaled noise only), as in :func:`fit`.
+
+    Returns:
+        A :class:`Posterior` (Gaussian, Student-t or importance-sampled, as in :func:`fit`) without kernel or
+        training inputs: pass ``k_test_train`` and ``k_test_test`` to its prediction methods.
+
+    Raises:
+        ValueError: if ``k_train`` is not a non-empty square matrix, is not symmetric or not finite, the targets
+            do not match it, ``noise``, ``noise_model``, ``proposal`` or ``num_samples`` is invalid, the prior is
+            invalid, or no prior sample of sigma^2 is positive and finite.
+        TypeError: if ``prior`` is not a numpyro distribution, a number or ``None``.
+        NotPositiveDefiniteError: if the training kernel (plus noise) is not positive (semi-)definite.
+        FloatingPointError: if all importance weights are zero or not finite.
+
+    Warns:
+        SmallESSWarning: when the effective sample size is below ``min_ess``.
+        UserWarning: when the Cholesky factorisation needed jitter, or some prior samples were dropped.
+    """
     k_train = linalg.check_square(k_train, "k_train")
     if not jnp.issubdtype(k_train.dtype, jnp.floating):
         k_train = k_train.astype(jnp.result_type(float))

@@ -78,7 +78,13 @@ __all__ = [
 
 
 class Gaussian(NamedTuple):
-    """Mean ``(..., M, C)`` (or ``(..., M)`` for 1-D targets) and covariance ``(..., M, M)``, shared by the outputs."""
+    """Mean ``(..., M, C)`` (or ``(..., M)`` for 1-D targets) and covariance ``(..., M, M)``, shared by the outputs.
+
+    Attributes:
+        mean: predictive mean at the M points, (..., M, C) or (..., M); leading axes are those of the training
+            time ``t``.
+        covariance: covariance between the M points, (..., M, M), the same for every output.
+    """
 
     mean: Any
     covariance: Any
@@ -153,6 +159,17 @@ def max_learning_rate(ntk_train_train, y_train_size: int | None = None) -> float
     """Largest stable full-batch GD learning rate for the convention above: ``2 n / lambda_max(Theta)``.
 
     One GD step maps the training residual by ``I - eta Theta / n``, a contraction iff ``eta < 2 n / lambda_max``.
+
+    Args:
+        ntk_train_train: the NTK (or NNGP kernel, for readout-only training) on the training inputs, (N, N).
+        y_train_size: ``n``, the number of target entries the MSE averages over (N times the number of outputs
+            C); ``None`` means N (one output).
+
+    Returns:
+        ``2 n / lambda_max`` as a Python float.
+
+    Raises:
+        ValueError: if ``ntk_train_train`` is not a non-empty square matrix or has no positive eigenvalue.
     """
     theta = linalg.check_square(jnp.asarray(ntk_train_train), "ntk_train_train")
     n = theta.shape[0] if y_train_size is None else int(y_train_size)
@@ -442,6 +459,19 @@ class ScaleMixtureNormal(dist.Distribution):
     prior (the multivariate Student t, ``closed_form=True``) and a point mass,
     and otherwise computed by quadrature over ``log s`` (see :func:`_log_quad`;
     relative accuracy about 1e-10 in float64 for smooth priors).
+
+    Args:
+        loc: location, ``batch_shape + event_shape``.
+        scale_tril: lower-triangular ``L``, (M, M), shared by the batch and the outputs.
+        prior: the law of ``s``, anything :func:`smnngp.priors.as_prior` accepts.
+        event_ndim: 1 (event shape (M,)) or 2 (event shape (M, C)).
+        closed_form: use the closed form for an inverse gamma prior; with ``False`` it goes through the
+            quadrature like any other prior (useful to test the quadrature).
+        validate_args: numpyro's flag to validate arguments and values (``None``: numpyro's global default).
+
+    Raises:
+        ValueError: if ``event_ndim`` is not 1 or 2, ``loc`` has fewer than ``event_ndim`` axes, or
+            ``scale_tril`` is not (M, M).
     """
 
     arg_constraints = {"loc": constraints.real}
@@ -561,6 +591,13 @@ class ScaleMixtureNormal1D(dist.Distribution):
     ``log_prob`` and ``cdf`` are closed-form for an inverse gamma prior
     (Student t with ``2a`` degrees of freedom and scale ``sqrt(b/a) scale``) and a
     point mass, otherwise quadrature over ``log s``.
+
+    Args:
+        loc: location; broadcast with ``scale`` to the batch shape.
+        scale: positive scale, broadcast with ``loc``.
+        prior: the law of ``s``, anything :func:`smnngp.priors.as_prior` accepts.
+        closed_form: use the closed forms for an inverse gamma prior; with ``False``, quadrature.
+        validate_args: numpyro's flag to validate arguments and values (``None``: numpyro's global default).
     """
 
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
@@ -642,6 +679,22 @@ def scale_mixture_predictive(mean, cov, prior, *, joint_outputs: bool = True):
       ``joint_outputs=False``: a batch of C independent laws over the columns,
       batch shape (C,), event shape (M,) (built-in numpyro laws where they exist);
       each column's law is the exact marginal of the joint one.
+
+    Args:
+        mean: Gaussian mean, (M,) or (M, C).
+        cov: Gaussian covariance between the M points, (M, M), positive definite (a tiny jitter is added, with a
+            RuntimeWarning, when it is numerically singular).
+        prior: scale prior on ``sigma_v^2``, anything :func:`smnngp.priors.as_prior` accepts.
+        joint_outputs: for C > 1 outputs, one joint law sharing the scale draw (default) or C independent laws.
+
+    Returns:
+        numpyro distribution: ``MultivariateStudentT``, ``MultivariateNormal`` or :class:`ScaleMixtureNormal`, as
+        listed above.
+
+    Raises:
+        ValueError: if ``mean`` is not (M,) or (M, C), ``cov`` is not (M, M), an entry is not finite, the prior is
+            invalid, or ``cov`` is not symmetric.
+        NotPositiveDefiniteError: if ``cov`` is not positive definite even with jitter.
     """
     where = "scale_mixture_predictive"
     mean, cov = _check_mean_cov(mean, cov, where)
@@ -670,6 +723,19 @@ def predictive_marginals(mean, cov, prior):
     Inverse gamma ``(a, b)``: numpyro ``StudentT(2a, mean, sqrt(b/a cov_ii))``;
     point mass ``Delta(s)``: ``Normal(mean, sqrt(s cov_ii))``; otherwise a
     :class:`ScaleMixtureNormal1D`.
+
+    Args:
+        mean: Gaussian mean, (M,) or (M, C).
+        cov: Gaussian covariance, (M, M); only its diagonal is used, and it must be positive.
+        prior: scale prior on ``sigma_v^2``, anything :func:`smnngp.priors.as_prior` accepts.
+
+    Returns:
+        numpyro distribution with batch shape ``mean.shape``: ``StudentT``, ``Normal`` or
+        :class:`ScaleMixtureNormal1D`.
+
+    Raises:
+        ValueError: if the shapes do not match, an entry is not finite, the prior is invalid, or a diagonal entry
+            of ``cov`` is not positive.
     """
     mean, cov = _check_mean_cov(mean, cov, "predictive_marginals")
     prior = as_prior(prior)
@@ -704,6 +770,27 @@ def gradient_descent_mse_scale_mixture(
     distribution of :func:`scale_mixture_predictive` (a named tuple of them for
     a tuple ``get``). On the training inputs at ``t = inf`` the law is a point
     mass at ``y_train``, which has no density: pass ``x_test`` or a finite ``t``.
+
+    Args:
+        kernel_fn: ``kernel_fn(x1, x2, get)`` of the network with last-layer ``W_std = 1``.
+        x_train: (N, ...) training inputs.
+        y_train: (N,) or (N, C) training targets.
+        prior: scale prior on the readout variance ``sigma_v^2``, anything :func:`smnngp.priors.as_prior` accepts.
+        diag_reg: relative diagonal regulariser, as in :func:`gradient_descent_mse_ensemble`.
+        diag_reg_absolute_scale: take ``diag_reg`` in absolute units.
+        learning_rate: ``eta``; only ``eta * t`` matters.
+        joint_outputs: passed to :func:`scale_mixture_predictive` (one law shared by the C outputs, or C laws).
+
+    Returns:
+        ``predict_fn(t=None, x_test=None, get='nngp')``, where ``t`` is a scalar training time (``None`` or
+        ``inf``: converged), ``x_test`` (M, ...) test inputs (``None``: the training inputs) and ``get`` ``'nngp'``,
+        ``'ntk'`` or a tuple of them; it returns a numpyro distribution (a named tuple of them for a tuple
+        ``get``), and raises ValueError for a non-scalar ``t`` or for the training inputs at ``t = inf``.
+
+    Raises:
+        TypeError: if ``kernel_fn`` is not callable or ``prior`` is not a distribution.
+        ValueError: if the training data have mismatched shapes or non-finite entries, ``diag_reg`` is negative,
+            ``learning_rate`` is not positive, or the prior is invalid.
     """
     prior = as_prior(prior)
     ensemble = gradient_descent_mse_ensemble(kernel_fn, x_train, y_train, diag_reg=diag_reg,

@@ -34,14 +34,35 @@ def _check_positive(name, value, owner):
 
 
 def InverseGamma(a, b) -> dist.InverseGamma:
-    """Inverse gamma with shape ``a`` and scale ``b`` (numpyro's ``InverseGamma(concentration=a, rate=b)``)."""
+    """Inverse gamma with shape ``a`` and scale ``b`` (numpyro's ``InverseGamma(concentration=a, rate=b)``).
+
+    Args:
+        a: shape parameter, positive and finite (may be traced, in which case it is not checked).
+        b: scale parameter, positive and finite (may be traced).
+
+    Returns:
+        numpyro ``InverseGamma`` distribution with density ``b^a / Gamma(a) x^{-(a+1)} e^{-b/x}``.
+
+    Raises:
+        ValueError: if a concrete ``a`` or ``b`` is not positive and finite.
+    """
     _check_positive("a", a, "InverseGamma")
     _check_positive("b", b, "InverseGamma")
     return dist.InverseGamma(a, b)
 
 
 def Delta(s=1.0) -> dist.Delta:
-    """Point mass at ``sigma_v^2 = s`` (the Gaussian NNGP)."""
+    """Point mass at ``sigma_v^2 = s`` (the Gaussian NNGP).
+
+    Args:
+        s: location of the point mass, a positive and finite variance (default 1.0; may be traced).
+
+    Returns:
+        numpyro ``Delta`` distribution at ``s``, in the default floating dtype.
+
+    Raises:
+        ValueError: if a concrete ``s`` is not positive and finite.
+    """
     _check_positive("s", s, "Delta")
     return dist.Delta(jnp.asarray(s, dtype=jnp.result_type(float)))
 
@@ -52,6 +73,15 @@ class BurrXII(dist.Distribution):
     Sampling is by inverse CDF, ``x = ((1 - u)^{-1/k} - 1)^{1/c}``, so it is
     reparameterised: gradients flow to ``c`` and ``k`` (used when the prior's
     parameters are fitted by marginal likelihood).
+
+    Args:
+        c: first shape parameter, positive and finite (default 1.0); may be an array, giving a batch of laws.
+        k: second shape parameter, positive and finite (default 1.0); broadcast against ``c``.
+        validate_args: numpyro's flag to check parameters and sample values against their constraints
+            (``None``: numpyro's global default).
+
+    Raises:
+        ValueError: if a concrete ``c`` or ``k`` is not positive and finite.
     """
 
     arg_constraints = {"c": constraints.positive, "k": constraints.positive}
@@ -97,15 +127,39 @@ class BurrXII(dist.Distribution):
 
 
 def is_inverse_gamma(prior) -> bool:
+    """Whether a scale prior is an inverse gamma (the conjugate case with a closed form).
+
+    Args:
+        prior: any object, usually a numpyro distribution.
+
+    Returns:
+        True if ``prior`` is a numpyro ``InverseGamma``, else False.
+    """
     return isinstance(prior, dist.InverseGamma)
 
 
 def is_delta(prior) -> bool:
+    """Whether a scale prior is a point mass (the plain Gaussian NNGP).
+
+    Args:
+        prior: any object, usually a numpyro distribution.
+
+    Returns:
+        True if ``prior`` is a numpyro ``Delta``, else False.
+    """
     return isinstance(prior, dist.Delta)
 
 
 def inverse_gamma_params(prior):
-    """``(a, b)`` of an inverse gamma prior (shape, scale)."""
+    """``(a, b)`` of an inverse gamma prior (shape, scale).
+
+    Args:
+        prior: numpyro ``InverseGamma`` distribution, e.g. from :func:`InverseGamma`.
+
+    Returns:
+        Tuple ``(a, b)``: the concentration and rate of the underlying gamma law, i.e. the shape and scale of
+        the inverse gamma.
+    """
     return prior.base_dist.concentration, prior.base_dist.rate
 
 
@@ -136,6 +190,18 @@ def as_prior(prior) -> dist.Distribution:
 
     ``None`` means ``Delta(1)`` (the NNGP with the kernel as given); a positive
     number ``s`` means ``Delta(s)``.
+
+    Args:
+        prior: ``None``, a positive Python number, or a scalar numpyro distribution whose support lies in
+            ``[0, inf)`` (also a positive base law under positive affine or power transforms).
+
+    Returns:
+        The prior as a numpyro distribution: ``prior`` itself when it is a distribution, otherwise a ``Delta``.
+
+    Raises:
+        TypeError: if ``prior`` is neither ``None``, a number nor a numpyro distribution.
+        ValueError: if the distribution is not scalar, is a point mass at a non-positive value, has support
+            that is not on the positive reals, or (for a number) is not positive and finite.
     """
     if prior is None:
         return Delta(1.0)

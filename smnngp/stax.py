@@ -379,6 +379,21 @@ def Dense(
 
     ``b_std=None`` means no bias. See the module docstring for the two
     parameterisations.
+
+    Args:
+        out_dim: number of output channels (a positive int); the finite width of the layer.
+        W_std: weight standard deviation, positive (may be traced).
+        b_std: bias standard deviation, non-negative (may be traced); ``None`` means no bias.
+        parameterization: ``'ntk'`` (default) or ``'standard'``.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` mapping (N, ..., C_in) to (N, ..., out_dim); its parameters
+        are ``(W, b)`` with ``W`` of shape (C_in, out_dim) and ``b`` of shape (out_dim,) or ``None``.
+
+    Raises:
+        ValueError: if ``out_dim`` is not a positive integer, a concrete ``W_std`` is not positive and finite,
+            a concrete ``b_std`` is negative or not finite, or ``parameterization`` is unknown.
+        TypeError: if ``W_std`` or ``b_std`` is not a number.
     """
     layer = f"Dense({out_dim})"
     if not isinstance(out_dim, (int, np.integer)) or out_dim < 1:
@@ -516,6 +531,25 @@ def Conv(
 
     ``padding`` is 'SAME', 'VALID' or 'CIRCULAR' (periodic boundary). The fan-in
     is C_in * prod(filter_shape).
+
+    Args:
+        out_chan: number of output channels (a positive int).
+        filter_shape: spatial size of the filter, 1 or 2 positive ints (one per spatial axis).
+        strides: stride per spatial axis, positive ints; ``None`` means stride 1 everywhere.
+        padding: ``'VALID'`` (default), ``'SAME'`` or ``'CIRCULAR'``, case-insensitive.
+        W_std: weight standard deviation, positive (may be traced).
+        b_std: bias standard deviation, non-negative (may be traced); ``None`` means no bias.
+        parameterization: ``'ntk'`` (default) or ``'standard'``.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` mapping (N, *spatial, C_in) to (N, *spatial_out, out_chan);
+        its parameters are ``(W, b)`` with ``W`` of shape ``filter_shape + (C_in, out_chan)``.
+
+    Raises:
+        ValueError: if ``filter_shape`` does not have 1 or 2 positive entries, ``out_chan`` is not a positive
+            integer, ``strides`` does not match ``filter_shape``, ``padding`` or ``parameterization`` is
+            unknown, or a concrete scale is out of range.
+        TypeError: if ``W_std`` or ``b_std`` is not a number.
     """
     filter_shape = tuple(int(f) for f in filter_shape)
     nd = len(filter_shape)
@@ -652,6 +686,21 @@ def AvgPool(
 
     With 'SAME' padding the window average divides by the full window size,
     unless ``normalize_edges`` (then by the number of real pixels).
+
+    Args:
+        window_shape: pooling window per spatial axis, positive ints.
+        strides: stride per spatial axis, positive ints; ``None`` means stride 1.
+        padding: ``'VALID'`` (default), ``'SAME'`` or ``'CIRCULAR'``, case-insensitive.
+        normalize_edges: with ``'SAME'`` padding, divide each window by its number of unpadded pixels instead
+            of the window size; no effect otherwise.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters, mapping (N, *spatial, C) to
+        (N, *spatial_out, C). Its kernel tracks the covariances of all pairs of positions.
+
+    Raises:
+        ValueError: if ``window_shape`` or ``strides`` are not positive integers of matching length, or
+            ``padding`` is unknown.
     """
     window_shape = tuple(int(w) for w in window_shape)
     nd = len(window_shape)
@@ -731,7 +780,11 @@ def AvgPool(
 
 
 def GlobalAvgPool() -> Layer:
-    """Mean over all spatial positions: (N, ..., C) -> (N, C)."""
+    """Mean over all spatial positions: (N, ..., C) -> (N, C).
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; its inputs need at least one spatial axis.
+    """
     layer = "GlobalAvgPool"
 
     def shape_fn(shape):
@@ -775,7 +828,12 @@ def _spatial_diagonal(mat, batch_ndim: int):
 
 
 def Flatten() -> Layer:
-    """Flatten all non-batch axes: (N, H, W, C) -> (N, H*W*C)."""
+    """Flatten all non-batch axes: (N, H, W, C) -> (N, H*W*C).
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters. Its kernel averages the same-position
+        covariances over the spatial positions (the flattened channels), so it needs no position pairs.
+    """
     layer = "Flatten"
 
     def shape_fn(shape):
@@ -802,7 +860,11 @@ def Flatten() -> Layer:
 
 
 def Identity() -> Layer:
-    """The identity map."""
+    """The identity map.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters that passes inputs and kernels unchanged.
+    """
 
     def init_fn(key, input_shape):
         return input_shape, ()
@@ -944,6 +1006,18 @@ def ABRelu(a: float, b: float) -> Layer:
     With theta the angle between u and v:
     E[phi phi] = (a - b)^2 / (2 pi) sqrt(v1 v2) sin(theta) + [(a^2 + b^2)/2 - (a - b)^2 theta / (2 pi)] c,
     E[phi' phi'] = (a^2 + b^2)/2 - (a - b)^2 theta / (2 pi).
+
+    Args:
+        a: slope for negative inputs, a finite number (may be traced).
+        b: slope for positive inputs, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine
+        layer (`Dense` or `Conv`).
+
+    Raises:
+        TypeError: if ``a`` or ``b`` is not a number.
+        ValueError: if a concrete ``a`` or ``b`` is not finite, or a traced one is not a scalar.
     """
     a, b = _act_param(a, "a", "ABRelu"), _act_param(b, "b", "ABRelu")
 
@@ -978,14 +1052,29 @@ def ABRelu(a: float, b: float) -> Layer:
 
 
 def Relu() -> Layer:
-    """phi(x) = max(x, 0)."""
+    """phi(x) = max(x, 0).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)``: `ABRelu` with ``a = 0``, ``b = 1``, named "Relu".
+    """
     layer = ABRelu(0.0, 1.0)
     layer.name = "Relu"
     return layer
 
 
 def LeakyRelu(alpha: float) -> Layer:
-    """phi(x) = x for x > 0, alpha x otherwise."""
+    """phi(x) = x for x > 0, alpha x otherwise.
+
+    Args:
+        alpha: slope for negative inputs, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)``: `ABRelu` with ``a = alpha``, ``b = 1``.
+
+    Raises:
+        TypeError: if ``alpha`` is not a number.
+        ValueError: if a concrete ``alpha`` is not finite.
+    """
     layer = ABRelu(_act_param(alpha, "alpha", "LeakyRelu"), 1.0)
     layer.name = f"LeakyRelu({_fmt(alpha)})"
     return layer
@@ -996,6 +1085,20 @@ def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
 
     E[erf(bu) erf(bv)] = (2/pi) arcsin(2 b^2 c / sqrt((1 + 2 b^2 v1)(1 + 2 b^2 v2))),
     E[phi' phi'] = a^2 b^2 (4/pi) / sqrt((1 + 2b^2 v1)(1 + 2b^2 v2) - 4 b^4 c^2).
+
+    (In these two formulas ``c`` is the cross covariance; the argument ``c`` adds ``c^2`` to E[phi phi].)
+
+    Args:
+        a: output scale, a finite number (may be traced).
+        b: input scale, a finite number (may be traced).
+        c: constant output shift, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``a``, ``b`` or ``c`` is not a number.
+        ValueError: if a concrete one of them is not finite.
     """
     a, b, shift = (_act_param(v, n, "Erf") for v, n in ((a, "a"), (b, "b"), (c, "c")))
 
@@ -1028,6 +1131,12 @@ def Gelu(approximate: bool = False) -> Layer:
     E[phi phi] = c/4 + [c A + (c^2 + v1 v2 D^2) / (P D)] / (2 pi),
     E[phi' phi'] = 1/4 + A / (2 pi) + c (1/D^2 + (1 - v1 v2)/P + 1) / (2 pi D).
     ``approximate`` only changes the finite network (tanh approximation).
+
+    Args:
+        approximate: if true, ``apply_fn`` uses the tanh approximation of GELU; the kernel is always the exact one.
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
     """
 
     def fn(x):
@@ -1052,6 +1161,20 @@ def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
     """phi(x) = a sin(b x + c).
 
     E[phi phi] = a^2/2 [e^{-b^2 (v1 + v2 - 2c)/2} - e^{-b^2 (v1 + v2 + 2c)/2} cos 2c_phase].
+
+    (In this formula ``c`` is the cross covariance and ``c_phase`` the argument ``c``.)
+
+    Args:
+        a: output scale, a finite number (may be traced).
+        b: frequency, a finite number (may be traced).
+        c: phase, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``a``, ``b`` or ``c`` is not a number.
+        ValueError: if a concrete one of them is not finite.
     """
     a, b, phase = (_act_param(v, n, "Sin") for v, n in ((a, "a"), (b, "b"), (c, "c")))
     cos_2phase = jnp.cos(2 * phase) if isinstance(phase, jax.core.Tracer) else math.cos(2 * phase)
@@ -1075,6 +1198,18 @@ def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
 
     E[phi phi] = a^2 / sqrt((1 - 2b v1)(1 - 2b v2) - 4 b^2 c^2); the derivative
     kernel is a^2 4 b^2 c / det^{3/2}.
+
+    Args:
+        a: output scale, a finite number (may be traced).
+        b: exponent coefficient, a finite number (may be traced); the default -1 gives a bump. A positive ``b``
+            makes the moments finite only while ``det > 0``.
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``a`` or ``b`` is not a number.
+        ValueError: if a concrete ``a`` or ``b`` is not finite.
     """
     a, b = _act_param(a, "a", "Gaussian"), _act_param(b, "b", "Gaussian")
 
@@ -1098,6 +1233,19 @@ def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> 
     x, y the Hermite nodes (the Cholesky factor of the 2x2 covariance); the
     NTK uses phi' from `jax.grad` unless ``df`` is given. Cost and memory grow
     as deg^2 per kernel entry.
+
+    Args:
+        fn: the activation phi, a callable on JAX arrays applied elementwise.
+        deg: number of Gauss-Hermite nodes per dimension (a positive int).
+        df: derivative phi' for the NTK, elementwise; ``None`` uses ``jax.grad(fn)``, vectorised.
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine
+        layer. Its kernel is not exactly symmetric under swapping ``x1`` and ``x2`` (the quadrature rule is not).
+
+    Raises:
+        ValueError: if ``deg`` is not a positive integer.
+        TypeError: if ``fn`` is not callable.
     """
     if not isinstance(deg, (int, np.integer)) or deg < 1:
         raise ValueError(f"ElementwiseNumerical: deg must be a positive integer, got {deg!r}")
@@ -1140,7 +1288,19 @@ def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> 
 
 
 def serial(*layers) -> Layer:
-    """Compose layers left to right."""
+    """Compose layers left to right.
+
+    Args:
+        *layers: one or more `Layer` objects built by this module; the output of each feeds the next.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` of the composition; its parameters are the tuple of the
+        layers' parameters.
+
+    Raises:
+        ValueError: if no layer is given.
+        TypeError: if an argument is not a `Layer` of this module.
+    """
     if not layers:
         raise ValueError("serial: needs at least one layer")
     layers = [_as_layer(l, f"serial (argument {i})") for i, l in enumerate(layers)]
@@ -1191,7 +1351,19 @@ def _is_shape_list(shape) -> bool:
 
 
 def parallel(*layers) -> Layer:
-    """Apply the i-th layer to the i-th input of a list (after `FanOut`)."""
+    """Apply the i-th layer to the i-th input of a list (after `FanOut`).
+
+    Args:
+        *layers: one or more `Layer` objects, one per branch.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` taking a list of as many inputs as there are layers and
+        returning the list of their outputs; its parameters are the tuple of the layers' parameters.
+
+    Raises:
+        ValueError: if no layer is given.
+        TypeError: if an argument is not a `Layer` of this module.
+    """
     if not layers:
         raise ValueError("parallel: needs at least one layer")
     layers = [_as_layer(l, f"parallel (argument {i})") for i, l in enumerate(layers)]
@@ -1225,7 +1397,18 @@ def parallel(*layers) -> Layer:
 
 
 def FanOut(num: int) -> Layer:
-    """Copy the input into ``num`` branches."""
+    """Copy the input into ``num`` branches.
+
+    Args:
+        num: number of branches (a positive int).
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters whose output is a list of ``num`` copies
+        of its input (to be consumed by `parallel`, `FanInSum` or `FanInConcat`).
+
+    Raises:
+        ValueError: if ``num`` is not a positive integer.
+    """
     if not isinstance(num, (int, np.integer)) or num < 1:
         raise ValueError(f"FanOut: num must be a positive integer, got {num!r}")
     layer = f"FanOut({num})"
@@ -1246,7 +1429,12 @@ def _branch_shapes(shapes, layer):
 
 
 def FanInSum() -> Layer:
-    """Sum the branches (residual connections); all branch shapes must agree."""
+    """Sum the branches (residual connections); all branch shapes must agree.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters, mapping a list of branches to their sum;
+        its kernels are the sums of the branch kernels.
+    """
     layer = "FanInSum"
 
     def shape_fn(shapes):
@@ -1287,6 +1475,13 @@ def FanInConcat(axis: int = -1) -> Layer:
 
     The kernel is defined for the channel axis (the default): concatenating
     channels averages the branch kernels weighted by their finite widths.
+
+    Args:
+        axis: axis along which the branch outputs are concatenated (default -1, the channels).
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters, mapping a list of branches to one array.
+        Its ``kernel_fn`` raises NotImplementedError when ``axis`` is not the channel axis.
     """
     layer = f"FanInConcat(axis={axis})"
 

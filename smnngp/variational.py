@@ -331,6 +331,24 @@ class Model(NamedTuple):
     for the SVGP); ``a_min`` the lower bound of q(sigma^2)'s shape (1 with a Gaussian likelihood, else 0);
     ``num_mc`` the Monte-Carlo draws per ELBO evaluation; ``jitter`` the relative jitter on K_ZZ; ``initial`` the
     initial inducing inputs and kernel theta (held by identity).
+
+    Attributes:
+        kind: ``'svgp'`` or ``'svtp'``.
+        kernel: the kernel as ``apply(theta, x1, x2)`` (a fixed kernel ignores ``theta``).
+        likelihood: the likelihood, ``Softmax``, ``Bernoulli`` or ``Gaussian``.
+        num_latent: number C of latent functions (fixed by the likelihood).
+        num_inducing: number M of inducing inputs.
+        point_shape: per-point shape of the inputs (that of the inducing inputs without their first axis).
+        dtype: name of the floating dtype of the model (that of the inducing inputs), e.g. ``'float64'``.
+        q_diag: whether the factors ``S_c`` are diagonal.
+        q_scale_init: initial ``S_c = q_scale_init I``.
+        train_inducing: whether :func:`fit` trains the inducing inputs Z.
+        train_kernel: whether :func:`fit` trains the kernel's ``theta`` (false for a fixed kernel).
+        jitter: relative jitter on K_ZZ (``jitter * mean(diag K_ZZ)`` is added to its diagonal).
+        num_mc: Monte-Carlo draws per ELBO evaluation.
+        prior: ``(alpha, beta)`` of the SVTP's inverse gamma prior on sigma^2, ``None`` for the SVGP.
+        a_min: lower bound of the shape ``a`` of q(sigma^2).
+        initial: the initial inducing inputs and kernel ``theta``, wrapped so that they compare by identity.
     """
 
     kind: str
@@ -352,7 +370,18 @@ class Model(NamedTuple):
 
 
 class Params(NamedTuple):
-    """Variational, kernel and likelihood parameters (a pytree; see the module docstring for the fields)."""
+    """Variational, kernel and likelihood parameters (a pytree; see the module docstring for the fields).
+
+    Attributes:
+        inducing: inducing inputs Z, (M, ...).
+        q_mean: whitened variational means ``m_c``, (C, M).
+        q_scale: factors ``S_c``, (C, M, M) lower triangular (the strict upper part is ignored), or (C, M) with
+            ``q_diag``.
+        kernel: the kernel's unconstrained ``theta``, ``None`` for a fixed kernel.
+        likelihood: ``{'noise': raw}`` for the Gaussian likelihood (noise ``softplus(raw)``), else ``None``.
+        scale: SVTP: ``{'a': raw, 'b': raw}`` of q(sigma^2) (``a = a_min + softplus(raw)``, ``b = softplus(raw)``);
+            SVGP: ``None``.
+    """
 
     inducing: Any
     q_mean: Any
@@ -461,6 +490,15 @@ def svgp(kernel, likelihood, inducing_inputs, *, num_latent=None, q_diag=False, 
       train_inducing, train_kernel: whether Z and the kernel's theta are trained by :func:`fit`.
       jitter: relative jitter on K_ZZ (``jitter * mean(diag K_ZZ)``; default 1e-5 in float32, 1e-8 in float64).
       num_mc: Monte-Carlo draws per ELBO evaluation (Softmax; sigma^2 draws of the SVTP).
+
+    Returns:
+      The :class:`Model` (static and hashable); create its parameters with :func:`init`.
+
+    Raises:
+      TypeError: if ``likelihood`` is not ``Softmax``, ``Bernoulli`` or ``Gaussian``.
+      ValueError: if ``inducing_inputs`` is empty or not finite, ``num_latent`` does not match the likelihood,
+        ``jitter``, ``q_scale_init`` or ``num_mc`` is out of range, or ``kernel`` cannot be evaluated (or traced)
+        on the inducing inputs or does not return an (N1, N2) matrix of finite values.
     """
     return _build("svgp", kernel, likelihood, inducing_inputs, num_latent=num_latent, q_diag=q_diag,
                   q_scale_init=q_scale_init, train_inducing=train_inducing, train_kernel=train_kernel, jitter=jitter,
@@ -474,6 +512,29 @@ def svtp(kernel, likelihood, inducing_inputs, *, prior=None, num_latent=None, q_
     ``prior``: ``(alpha, beta)`` or ``smnngp.priors.InverseGamma(alpha, beta)`` (default (2, 2), the authors'
     default); q(sigma^2) starts at the prior (with a Gaussian likelihood at ``a = max(alpha, 2)``, as a > 1 is
     needed there).  Other arguments as :func:`svgp`.
+
+    Args:
+      kernel: a `smnngp.kernels.ParametricKernel` or a fixed kernel, as for :func:`svgp`. An amplitude in a trained
+        kernel is redundant with sigma^2.
+      likelihood: ``Softmax(C)``, ``Bernoulli()`` or ``Gaussian(noise)``.
+      inducing_inputs: (M, ...) initial inducing inputs Z.
+      prior: the inverse gamma prior on sigma^2, ``(alpha, beta)`` or ``smnngp.priors.InverseGamma(alpha, beta)``;
+        ``None`` means (2, 2).
+      num_latent: optional check of C.
+      q_diag: diagonal S_c instead of a full lower-triangular factor.
+      q_scale_init: initial ``S_c = q_scale_init I``.
+      train_inducing: whether :func:`fit` trains Z.
+      train_kernel: whether :func:`fit` trains the kernel's theta.
+      jitter: relative jitter on K_ZZ (default 1e-5 in float32, 1e-8 in float64).
+      num_mc: sigma^2 (and, for Softmax, f) draws per ELBO evaluation with a non-Gaussian likelihood.
+
+    Returns:
+      The :class:`Model` of kind ``'svtp'``; create its parameters with :func:`init`.
+
+    Raises:
+      TypeError: if ``likelihood`` is not ``Softmax``, ``Bernoulli`` or ``Gaussian``.
+      ValueError: for the cases of :func:`svgp`, or a ``prior`` that is not an inverse gamma or a pair of positive
+        finite numbers.
     """
     return _build("svtp", kernel, likelihood, inducing_inputs, num_latent=num_latent, q_diag=q_diag,
                   q_scale_init=q_scale_init, train_inducing=train_inducing, train_kernel=train_kernel, jitter=jitter,
@@ -482,7 +543,16 @@ def svtp(kernel, likelihood, inducing_inputs, *, prior=None, num_latent=None, q_
 
 def init(model: Model, key=None) -> Params:
     """Initial parameters: Z and theta as given to the model, ``m_c = 0``, ``S_c = q_scale_init I``, q(sigma^2) at
-    the prior.  The initial state is deterministic; ``key`` is accepted for a uniform interface and unused."""
+    the prior.  The initial state is deterministic; ``key`` is accepted for a uniform interface and unused.
+
+    Args:
+        model: the :class:`Model` from :func:`svgp` or :func:`svtp`.
+        key: ignored.
+
+    Returns:
+        :class:`Params` in the model's dtype. For the SVTP with a Gaussian likelihood q(sigma^2) starts at
+        ``a = max(alpha, 2)``, ``b = beta``.
+    """
     del key
     Z, theta0 = model.initial.value
     dt = jnp.dtype(model.dtype)
@@ -517,7 +587,15 @@ def _scale_ab(model, params):
 
 
 def scale_posterior(model: Model, params: Params):
-    """q(sigma^2): ``InverseGamma(a, b)`` for the SVTP, the point mass ``Delta(1)`` for the SVGP."""
+    """q(sigma^2): ``InverseGamma(a, b)`` for the SVTP, the point mass ``Delta(1)`` for the SVGP.
+
+    Args:
+        model: the :class:`Model`.
+        params: its :class:`Params`.
+
+    Returns:
+        numpyro distribution of sigma^2 under the variational posterior.
+    """
     if model.kind == "svgp":
         return dist.Delta(jnp.asarray(1.0, model.dtype))
     a, b = _scale_ab(model, params)
@@ -565,7 +643,15 @@ def _marginals(model, params, x):
 
 
 def kl_divergence(model: Model, params: Params):
-    """KL(q || p) of the whitened inducing variables (and of sigma^2 for the SVTP); module docstring."""
+    """KL(q || p) of the whitened inducing variables (and of sigma^2 for the SVTP); module docstring.
+
+    Args:
+        model: the :class:`Model`.
+        params: its :class:`Params`.
+
+    Returns:
+        Scalar KL divergence, summed over the C latent functions (traceable and differentiable).
+    """
     S = _q_factor(model, params)
     diag = S if model.q_diag else jnp.diagonal(S, axis1=-2, axis2=-1)
     C, M = params.q_mean.shape
@@ -640,7 +726,21 @@ def _check_x(model, x, name="x"):
 
 
 def expected_log_likelihood(model: Model, params: Params, x, y, key=None):
-    """``E_q[log p(y_i | f_i)]`` for each point, shape (B,) (Monte Carlo for Softmax / SVTP: pass ``key``)."""
+    """``E_q[log p(y_i | f_i)]`` for each point, shape (B,) (Monte Carlo for Softmax / SVTP: pass ``key``).
+
+    Args:
+        model: the :class:`Model`.
+        params: its :class:`Params`.
+        x: inputs, (B, ...) with the per-point shape of the inducing inputs.
+        y: targets: labels (B,) for ``Softmax`` / ``Bernoulli``, (B,) or (B, C) floats for ``Gaussian``.
+        key: JAX PRNG key, required for ``Softmax`` and for the SVTP with ``Bernoulli``; unused otherwise.
+
+    Returns:
+        Array of shape (B,): the expected log-likelihood of each point, summed over outputs.
+
+    Raises:
+        ValueError: if ``x`` or ``y`` has the wrong shape, invalid values, or ``key`` is needed and missing.
+    """
     x = _check_x(model, x)
     y = model.likelihood.check_targets(y, x.shape[0])
     return _ell(model, params, x, y, key)
@@ -649,7 +749,21 @@ def expected_log_likelihood(model: Model, params: Params, x, y, key=None):
 def elbo(model: Model, params: Params, batch, key=None, num_data=None):
     """``(N / B) sum_{i in batch} E_q[log p(y_i | f_i)] - KL`` for ``batch = (x, y)`` (B points), ``N = num_data``
     (default B: the batch is the data set).  Unbiased for the full-data ELBO when the batch is drawn uniformly.
-    Deterministic for the Gaussian likelihood and the Bernoulli SVGP; otherwise a Monte-Carlo estimate (``key``)."""
+    Deterministic for the Gaussian likelihood and the Bernoulli SVGP; otherwise a Monte-Carlo estimate (``key``).
+
+    Args:
+        model: the :class:`Model`.
+        params: its :class:`Params`.
+        batch: tuple ``(x, y)`` of B inputs and targets.
+        key: JAX PRNG key for the Monte-Carlo cases (see :func:`expected_log_likelihood`).
+        num_data: size N of the whole data set (positive); ``None`` means B.
+
+    Returns:
+        Scalar ELBO estimate (traceable and differentiable in ``params``).
+
+    Raises:
+        ValueError: if the batch is invalid, ``num_data`` is not positive, or ``key`` is needed and missing.
+    """
     x, y = batch
     x = _check_x(model, x, "batch x")
     y = model.likelihood.check_targets(y, x.shape[0], "batch y")
@@ -666,7 +780,19 @@ def elbo(model: Model, params: Params, batch, key=None, num_data=None):
 
 def predict_f(model: Model, params: Params, x):
     """Marginal q(f(x)) per point and latent function, batch shape (N, C): ``Normal`` (SVGP) or
-    ``StudentT(2a, mean, sqrt((b/a) v))`` (SVTP)."""
+    ``StudentT(2a, mean, sqrt((b/a) v))`` (SVTP).
+
+    Args:
+        model: the :class:`Model`.
+        params: its :class:`Params`.
+        x: inputs, (N, ...) with the per-point shape of the inducing inputs.
+
+    Returns:
+        numpyro ``Normal`` (SVGP) or ``StudentT`` (SVTP) with batch shape (N, C).
+
+    Raises:
+        ValueError: if ``x`` has the wrong shape, is empty or is not finite.
+    """
     x = _check_x(model, x)
     mean, var = _marginals_jit(model, params, x)
     if model.kind == "svgp":
@@ -755,6 +881,20 @@ def predict(model: Model, params: Params, x, key=None, num_samples: int = 1000, 
       the equal-weight ``MixtureSameFamily`` of ``N(mean, sigma_s^2 v + noise)`` over ``num_samples`` draws of
       sigma^2 (a t plus Gaussian noise is not a t).
     ``noisy=False`` gives the latent f (Gaussian likelihood only).  ``key`` defaults to ``PRNGKey(0)``.
+
+    Args:
+        model: the :class:`Model`.
+        params: its :class:`Params`.
+        x: inputs, (N, ...).
+        key: JAX PRNG key for the Monte-Carlo draws (``None``: ``PRNGKey(0)``).
+        num_samples: number of draws of f or sigma^2 (a positive int).
+        noisy: include the observation noise (Gaussian likelihood; ignored otherwise).
+
+    Returns:
+        numpyro distribution of y: ``Categorical``, ``Normal``, ``StudentT`` or ``MixtureSameFamily``, as above.
+
+    Raises:
+        ValueError: if ``x`` is invalid or ``num_samples`` is not a positive integer.
     """
     x = _check_x(model, x)
     num_samples = _positive_int(num_samples, "num_samples")
@@ -781,6 +921,20 @@ def sample_f(model: Model, params: Params, key, x, num_samples: int = 1):
 
     For the SVTP each draw takes one sigma^2 ~ q(sigma^2), shared by all points and classes (multivariate t).
     The (N, N) covariance per class is factorised with `smnngp.linalg.cholesky` (jitter escalation, eager).
+
+    Args:
+        model: the :class:`Model`.
+        params: its :class:`Params`.
+        key: JAX PRNG key.
+        x: inputs, (N, ...).
+        num_samples: number of joint draws (a positive int).
+
+    Returns:
+        Array of shape (num_samples, N, C) of latent function values.
+
+    Raises:
+        ValueError: if ``x`` is invalid or ``num_samples`` is not a positive integer.
+        NotPositiveDefiniteError: if a class covariance cannot be factorised even with jitter.
     """
     x = _check_x(model, x)
     num_samples = _positive_int(num_samples, "num_samples")
@@ -805,6 +959,20 @@ def stratified_inducing(x, y, num_inducing: int, key):
     Each class c gets ``round(M n_c / N)`` points (largest remainders; at least one per class when M >= number of
     classes, never more than the class has), drawn uniformly without replacement within the class; ``y=None``
     draws a uniform subset.  Returns (M, ...) inputs, grouped by class.
+
+    Args:
+        x: training inputs, (N, ...).
+        y: class labels, (N,), or ``None`` for a uniform subset.
+        num_inducing: number M of inducing inputs, at most N.
+        key: JAX PRNG key for the draws.
+
+    Returns:
+        JAX array (M, ...) of rows of ``x``: grouped by class in sorted label order, or in their original order when
+        ``y`` is ``None``.
+
+    Raises:
+        ValueError: if ``x`` is not (N, ...) or not finite, ``num_inducing`` is not a positive integer at most N, or
+            ``y`` is not (N,).
     """
     x = np.asarray(x)
     if x.ndim < 2:
@@ -855,6 +1023,11 @@ class VariationalPosterior:
 
     ``log_marginal_likelihood`` is the ELBO on the training data (a lower bound on ``log p(y)``; a Monte-Carlo
     estimate for Softmax and the non-Gaussian SVTP), NaN when the posterior was made without data.
+
+    Args:
+        model: the :class:`Model` (static pytree data).
+        params: its :class:`Params`.
+        log_marginal_likelihood: the full-data ELBO, or NaN (default).
     """
 
     __slots__ = ("model", "params", "log_marginal_likelihood")
@@ -924,7 +1097,24 @@ def _full_elbo(model, params, x, y, key, chunk):
 
 def as_posterior(model: Model, params: Params, x=None, y=None, *, key=None, chunk: int = 1024) -> VariationalPosterior:
     """A :class:`VariationalPosterior`; with training data ``(x, y)`` its ``log_marginal_likelihood`` is the
-    full-data ELBO (Monte-Carlo for Softmax / SVTP classification: ``key`` defaults to ``PRNGKey(0)``)."""
+    full-data ELBO (Monte-Carlo for Softmax / SVTP classification: ``key`` defaults to ``PRNGKey(0)``).
+
+    Args:
+        model: the :class:`Model`.
+        params: its :class:`Params`.
+        x: training inputs (N, ...), or ``None``.
+        y: training targets, or ``None`` (pass both or neither).
+        key: JAX PRNG key for the Monte-Carlo ELBO (``None``: ``PRNGKey(0)``).
+        chunk: number of points per evaluation of the full-data ELBO (a positive int; bounds memory).
+
+    Returns:
+        :class:`VariationalPosterior` of ``(model, params)``, with ``log_marginal_likelihood`` the full-data ELBO
+        when data are given, else NaN.
+
+    Raises:
+        ValueError: if only one of ``x`` and ``y`` is given, the data are invalid, or ``chunk`` is not a positive
+            integer.
+    """
     if x is None and y is None:
         return VariationalPosterior(model, params)
     if x is None or y is None:
@@ -1071,6 +1261,19 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
       progress: show a tqdm bar.
       blas_threads: BLAS/LAPACK threads during training (`smnngp.linalg.blas_threads`; default 1: the M x M
         factorisations are small, and more LAPACK threads only compete with XLA's; ``None`` leaves them alone).
+
+    Returns:
+      :class:`FitResult` with the kept parameters (best validation NLL, or the last ones without validation data),
+      their :class:`VariationalPosterior`, the history of evaluations, ``best_step`` and ``best_val_nll``.
+
+    Raises:
+      TypeError: if ``model`` was not built by :func:`svgp` or :func:`svtp`.
+      ValueError: for invalid data, ``M > N``, ``batch_size > N`` or not divisible by the number of devices, both
+        ``optimizer`` and ``learning_rate`` given, a non-positive ``learning_rate``, ``factor`` outside (0, 1), only
+        one of ``x_val`` and ``y_val``, an empty ``devices``, or non-positive step counts.
+
+    Warns:
+      RuntimeWarning: when a loss or gradient is not finite; training stops with the last finite parameters.
     """
     with linalg.blas_threads(blas_threads):
         return _fit(model, params, x, y, key=key, optimizer=optimizer, learning_rate=learning_rate,
