@@ -116,6 +116,23 @@ def cnn(depth: int = 4, channels: int = 32, num_classes: int = 10, *, filter_sha
     W_std=readout_W_std)`` with a bias-free readout. The paper uses 128 channels, the authors' code 32. Keep
     ``readout_W_std=1`` and set the scale through the ensemble's ``scale`` (module docstring); the two are
     equivalent in NTK parameterisation.
+
+    Args:
+        depth: number of convolution + ReLU blocks (0 gives a linear readout of the flattened input).
+        channels: output channels of every convolution.
+        num_classes: number of classes, the width of the readout (at least 2).
+        filter_shape: spatial shape of the convolution filters.
+        W_std: weight standard deviation of the convolutions.
+        b_std: bias standard deviation of the convolutions; ``None`` for convolutions without bias.
+        readout_W_std: weight standard deviation of the readout ``Dense`` layer.
+        parameterization: ``"ntk"`` (default) or ``"standard"``, used by every layer (see ``smnngp.stax``).
+
+    Returns:
+        The ``smnngp.stax`` triple ``(init_fn, apply_fn, kernel_fn)`` of the network.
+
+    Raises:
+        ValueError: if ``depth`` is not a non-negative integer, ``channels`` not a positive integer or
+            ``num_classes`` not an integer of at least 2 (the layers raise on invalid standard deviations).
     """
     if not isinstance(depth, (int, np.integer)) or isinstance(depth, bool) or depth < 0:
         raise ValueError(f"cnn: depth must be a non-negative integer, got {depth!r}")
@@ -161,6 +178,24 @@ def draw_scales(key, num_members: int = 8, scale="fixed", *, sigma_v: float = 1.
     ``scale="fixed"``: all equal to ``sigma_v``; ``"inverse_gamma"``: ``sigma_v^2 ~ InvGamma(a, b)`` i.i.d.
     (``smnngp.priors.InverseGamma``, density ``b^a / Gamma(a) s^{-a-1} e^{-b/s}``); a numpyro distribution:
     ``sigma_v^2`` drawn from it. Returns ``sqrt`` of the variances.
+
+    Args:
+        key: JAX PRNG key for the random scales (unused with ``scale="fixed"``).
+        num_members: number of members ``K`` (an integer >= 1).
+        scale: ``"fixed"``, ``"inverse_gamma"`` or a scalar numpyro distribution on ``(0, inf)``, the law of
+            ``sigma_v^2``.
+        sigma_v: the common scale with ``scale="fixed"`` (positive).
+        a: shape of the inverse-gamma law with ``scale="inverse_gamma"`` (positive).
+        b: scale of the inverse-gamma law with ``scale="inverse_gamma"`` (positive).
+        dtype: floating dtype of the result; ``None`` for JAX's default float.
+
+    Returns:
+        Array of shape ``(K,)``, the scales ``sigma_v`` (standard deviations, not variances).
+
+    Raises:
+        ValueError: if ``num_members`` is not a positive integer, ``dtype`` is not floating, ``scale`` is an
+            unknown string or not a valid distribution, or ``sigma_v``, ``a`` or ``b`` (where used) is not
+            positive and finite.
     """
     where = "draw_scales"
     k = _check_num_members(num_members, where)
@@ -192,6 +227,26 @@ def init_ensemble(key, network, input_shape: Sequence[int], num_members: int = 8
     ``input_shape`` is the stax input shape with a batch axis, e.g. ``(-1, 8, 8, 1)``; the network must map it to
     ``(batch, C)`` logits. Parameters are cast to ``dtype`` (default JAX's default float). See
     :func:`draw_scales` for ``scale``, ``sigma_v``, ``a``, ``b``.
+
+    Args:
+        key: JAX PRNG key, split into the key of the scale draw and ``K`` member keys.
+        network: a ``smnngp.stax`` triple ``(init_fn, apply_fn, kernel_fn)``, e.g. from :func:`cnn`.
+        input_shape: stax input shape with a leading batch axis.
+        num_members: number of members ``K`` (an integer >= 1).
+        scale: law of the last-layer scales, passed to :func:`draw_scales`.
+        sigma_v: fixed scale, passed to :func:`draw_scales`.
+        a: inverse-gamma shape, passed to :func:`draw_scales`.
+        b: inverse-gamma scale, passed to :func:`draw_scales`.
+        dtype: floating dtype of the parameters and scales; ``None`` for JAX's default float.
+
+    Returns:
+        :class:`EnsembleParams` with the members' parameters (leading axis ``K`` on every leaf) and their
+        ``(K,)`` scales.
+
+    Raises:
+        TypeError: if ``network`` is not a stax triple.
+        ValueError: if ``num_members`` or ``dtype`` is invalid, the network does not output 2-D logits for
+            ``input_shape``, or the scale arguments are invalid (see :func:`draw_scales`).
     """
     where = "init_ensemble"
     init_fn, _ = _check_network(network, where)
@@ -211,7 +266,19 @@ def init_ensemble(key, network, input_shape: Sequence[int], num_members: int = 8
 
 
 def select_members(ens: EnsembleParams, index) -> EnsembleParams:
-    """The sub-ensemble ``index`` (an int, slice or index array) along the member axis; an int keeps the axis."""
+    """The sub-ensemble ``index`` (an int, slice or index array) along the member axis; an int keeps the axis.
+
+    Args:
+        ens: the ensemble to slice.
+        index: an integer member index (negative values count from the end), a slice, or an integer or
+            boolean index array over the ``K`` members.
+
+    Returns:
+        :class:`EnsembleParams` holding the selected members, with the member axis kept (length 1 for an int).
+
+    Raises:
+        ValueError: if an integer ``index`` is outside ``-K .. K-1``.
+    """
     if isinstance(index, (int, np.integer)):
         k = ens.num_members
         if not -k <= index < k:
@@ -311,7 +378,24 @@ def _check_batch_size(batch_size, where):
 
 
 def ensemble_logits(network, ens: EnsembleParams, x, *, batch_size: int | None = 1024) -> jnp.ndarray:
-    """Member logits ``sigma_v[k] * f(theta_k, x)``, shape ``(K, N, C)``, evaluated ``batch_size`` points at a time."""
+    """Member logits ``sigma_v[k] * f(theta_k, x)``, shape ``(K, N, C)``, evaluated ``batch_size`` points at a time.
+
+    Args:
+        network: the ``smnngp.stax`` triple the ensemble was initialised with.
+        ens: the ensemble, from :func:`init_ensemble` or :func:`train_ensemble`.
+        x: inputs ``(N, ...)`` with the network's input shape after the batch axis; cast to the parameters'
+            dtype.
+        batch_size: number of points per evaluation (the last chunk is padded, so one compilation serves all
+            chunks); ``None`` evaluates all ``N`` at once.
+
+    Returns:
+        Array of shape ``(K, N, C)``, the scaled logits of every member at every point.
+
+    Raises:
+        TypeError: if ``network`` is not a stax triple or ``ens`` not an :class:`EnsembleParams`.
+        ValueError: if ``batch_size`` is not a positive integer or ``None``, or ``x`` is not numeric, lacks
+            feature axes, has non-finite entries or does not fit the network.
+    """
     where = "ensemble_logits"
     _, apply_fn = _check_network(network, where)
     ens = _check_ens(ens, where)
@@ -322,7 +406,21 @@ def ensemble_logits(network, ens: EnsembleParams, x, *, batch_size: int | None =
 
 
 def member_probabilities(network, ens: EnsembleParams, x, *, batch_size: int | None = 1024) -> jnp.ndarray:
-    """Each member's class probabilities ``softmax(logits_k(x))``, shape ``(K, N, C)``."""
+    """Each member's class probabilities ``softmax(logits_k(x))``, shape ``(K, N, C)``.
+
+    Args:
+        network: the ``smnngp.stax`` triple the ensemble was initialised with.
+        ens: the ensemble, an :class:`EnsembleParams`.
+        x: inputs ``(N, ...)``, as for :func:`ensemble_logits`.
+        batch_size: number of points per evaluation; ``None`` evaluates all at once.
+
+    Returns:
+        Array of shape ``(K, N, C)``; every row sums to one over the classes.
+
+    Raises:
+        TypeError: as :func:`ensemble_logits`.
+        ValueError: as :func:`ensemble_logits`.
+    """
     return jax.nn.softmax(ensemble_logits(network, ens, x, batch_size=batch_size), axis=-1)
 
 
@@ -332,6 +430,22 @@ def predict(network, ens: EnsembleParams, x, *, combine: str = "probs", batch_si
 
     ``combine="probs"``: ``(1/K) sum_k softmax(logits_k)``; ``"logits"``: ``softmax((1/K) sum_k logits_k)`` (the
     authors' code). With ``return_members=True`` also returns the ``(K, N, C)`` member probabilities.
+
+    Args:
+        network: the ``smnngp.stax`` triple the ensemble was initialised with.
+        ens: the ensemble, an :class:`EnsembleParams`.
+        x: inputs ``(N, ...)``, as for :func:`ensemble_logits`.
+        combine: ``"probs"`` (average the probabilities) or ``"logits"`` (average the logits).
+        batch_size: number of points per evaluation; ``None`` evaluates all at once.
+        return_members: also return the members' probabilities.
+
+    Returns:
+        The ``(N, C)`` predictive probabilities, or the pair ``(probs, members)`` with ``members`` of shape
+        ``(K, N, C)`` when ``return_members`` is true.
+
+    Raises:
+        ValueError: if ``combine`` is not ``"probs"`` or ``"logits"``, and as :func:`ensemble_logits`.
+        TypeError: as :func:`ensemble_logits`.
     """
     if combine not in _COMBINES:
         raise ValueError(f"predict: combine must be one of {_COMBINES}, got {combine!r}")
@@ -447,6 +561,32 @@ def train_ensemble(key, network, ens: EnsembleParams, x, y, *, epochs: int = 300
     default scans except on CPU (see ``_epoch_fns``); both give the same numbers to rounding. ``progress``
     shows a tqdm bar with the members' mean loss. ``callback(epochs_done, ens, opt_state)``, if given, runs after
     every epoch (e.g. to write a checkpoint). A non-finite loss raises ``FloatingPointError``.
+
+    Args:
+        key: one PRNG key or ``K`` member keys (a leading axis of length ``K``).
+        network: the ``smnngp.stax`` triple the ensemble was initialised with.
+        ens: the ensemble to train, from :func:`init_ensemble` (or a previous call); its scales stay fixed.
+        x: training inputs ``(N, ...)``.
+        y: integer class labels ``(N,)`` in ``0..C-1`` (floats holding whole numbers are accepted).
+        epochs: number of epochs to run (a non-negative integer).
+        batch_size: minibatch size (a positive integer, capped at ``N``).
+        learning_rate: Adam step size, used when ``optimizer`` is ``None``.
+        optimizer: an optax ``GradientTransformation`` applied to every member, instead of Adam.
+        opt_state: optimiser state (member axis first) to continue from; ``None`` initialises it.
+        start_epoch: index of the first epoch, which sets the shuffles; use ``info.epochs_done`` to continue.
+        scan: ``True`` scans over minibatches, ``False`` loops over a compiled step, ``None`` picks by backend.
+        progress: show a tqdm progress bar.
+        callback: optional ``callback(epochs_done, ens, opt_state)`` called after every epoch.
+
+    Returns:
+        A pair ``(ens, info)``: the trained :class:`EnsembleParams` (same scales) and a :class:`TrainInfo` with
+        the ``(epochs, K)`` losses, the final optimiser state and ``epochs_done``.
+
+    Raises:
+        TypeError: if ``network`` is not a stax triple or ``ens`` not an :class:`EnsembleParams`.
+        ValueError: if ``epochs``, ``start_epoch``, ``batch_size``, ``learning_rate``, ``optimizer``, ``key``,
+            ``x`` or ``y`` is invalid (wrong type, shape, range or non-finite values).
+        FloatingPointError: if a member's mean training loss in an epoch is not finite.
     """
     where = "train_ensemble"
     _, apply_fn = _check_network(network, where)
@@ -514,6 +654,31 @@ def fit_ensemble(key, network, x, y, *, num_members: int = 8, scale="fixed", sig
     """:func:`init_ensemble` then :func:`train_ensemble` (keys: ``k_init, k_train = jax.random.split(key)``).
 
     The parameters take ``x``'s dtype when it is floating (JAX's default float otherwise).
+
+    Args:
+        key: JAX PRNG key, split into the initialisation key and the training key.
+        network: a ``smnngp.stax`` triple ``(init_fn, apply_fn, kernel_fn)`` with 2-D logit output.
+        x: training inputs ``(N, ...)``; the input shape of the network is ``x.shape[1:]``.
+        y: integer class labels ``(N,)`` in ``0..C-1``.
+        num_members: number of members ``K``.
+        scale: law of the last-layer scales (``"fixed"``, ``"inverse_gamma"`` or a distribution of
+            ``sigma_v^2``), see :func:`draw_scales`.
+        sigma_v: fixed scale with ``scale="fixed"``.
+        a: inverse-gamma shape with ``scale="inverse_gamma"``.
+        b: inverse-gamma scale with ``scale="inverse_gamma"``.
+        epochs: number of training epochs.
+        batch_size: minibatch size.
+        learning_rate: Adam step size, used when ``optimizer`` is ``None``.
+        optimizer: an optax ``GradientTransformation`` to use instead of Adam.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        A pair ``(ens, info)`` as returned by :func:`train_ensemble`.
+
+    Raises:
+        TypeError: if ``network`` is not a stax triple.
+        ValueError: if ``x`` has fewer than two axes, and as :func:`init_ensemble` and :func:`train_ensemble`.
+        FloatingPointError: as :func:`train_ensemble`.
     """
     where = "fit_ensemble"
     _check_network(network, where)

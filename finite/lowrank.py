@@ -356,7 +356,11 @@ DEFAULT_PRIOR = ScaleMixturePrior()
 
 
 def toy_prior() -> ScaleMixturePrior:
-    """The toy regression's prior ``0.5 N(0, 2^2) + 0.5 N(0, (e^-6)^2)`` (paper App. I.3; notes 3.6)."""
+    """The toy regression's prior ``0.5 N(0, 2^2) + 0.5 N(0, (e^-6)^2)`` (paper App. I.3; notes 3.6).
+
+    Returns:
+        A :class:`ScaleMixturePrior` with ``pi = 0.5``, ``sigma1 = 2`` and ``sigma2 = exp(-6)``.
+    """
     return ScaleMixturePrior(0.5, 2.0, math.exp(-6.0))
 
 
@@ -435,6 +439,18 @@ def variance_matched_scale(n_in: int, n_out: int, rank: int, init: str = "he") -
     ``sigma_W^2 = 2 / n_in`` for ``init="he"`` (ReLU) and ``2 / (n_in + n_out)`` for ``init="glorot"``. With
     factor means i.i.d. ``N(0, s^2)`` (or ``U(-sqrt(3) s, sqrt(3) s)``), ``Var(mu_A mu_B^T)_ij = r s^4 = sigma_W^2``:
     the low-rank mean matches a dense He / Glorot layer's second moment with ``v_A = v_B`` (App. F.5).
+
+    Args:
+        n_in: fan-in of the layer (a positive integer).
+        n_out: fan-out of the layer (a positive integer; only used by ``"glorot"``).
+        rank: the rank ``r`` of the factorisation (a positive integer).
+        init: ``"he"`` or ``"glorot"``, the dense initialisation whose weight variance ``sigma_W^2`` is matched.
+
+    Returns:
+        The factor standard deviation ``s`` as a float.
+
+    Raises:
+        ValueError: if a size is not a positive integer or ``init`` is neither ``"he"`` nor ``"glorot"``.
     """
     where = "variance_matched_scale"
     n_in = _check_int(n_in, "n_in", where)
@@ -450,6 +466,16 @@ def svd_factors(W, rank: int):
 
     ``W`` has shape ``(n_in, n_out)`` (this module's orientation); ``mu_A mu_B^T = W_r``, the best rank-``r``
     approximation of ``W`` in Frobenius and spectral norm (Eckart-Young-Mirsky).
+
+    Args:
+        W: the matrix to factorise, shape ``(n_in, n_out)``.
+        rank: the rank ``r``, a positive integer not above ``min(n_in, n_out)``.
+
+    Returns:
+        The pair ``(mu_A, mu_B)`` of JAX arrays with shapes ``(n_in, r)`` and ``(n_out, r)``.
+
+    Raises:
+        ValueError: if ``W`` is not a matrix or ``rank`` is not a positive integer or exceeds ``min(W.shape)``.
     """
     W = jnp.asarray(W)
     if W.ndim != 2:
@@ -517,7 +543,14 @@ class FactorWeights(NamedTuple):
 
 
 class Rank1Weights(NamedTuple):
-    """One concrete draw of a rank-1 layer: ``W_bar``, ``s (n_in,)``, ``r (n_out,)``, ``b`` or ``None``."""
+    """One concrete draw of a rank-1 layer: ``W_bar``, ``s (n_in,)``, ``r (n_out,)``, ``b`` or ``None``.
+
+    Attributes:
+        W: the deterministic base matrix ``W_bar``, shape ``(n_in, n_out)`` (``(V, d)`` for an embedding).
+        s: the drawn input-side multipliers, shape ``(n_in,)`` (``(V,)`` for an embedding).
+        r: the drawn output-side multipliers, shape ``(n_out,)`` (``(d,)`` for an embedding).
+        b: the bias ``(n_out,)`` (drawn when Bayesian), or ``None`` for a layer without bias.
+    """
 
     W: jnp.ndarray
     s: jnp.ndarray
@@ -526,7 +559,18 @@ class Rank1Weights(NamedTuple):
 
 
 def materialize(weights) -> jnp.ndarray:
-    """The dense matrix ``W`` (``(n_in, n_out)``, or ``(V, d)`` for an embedding) of one drawn ``weights``."""
+    """The dense matrix ``W`` (``(n_in, n_out)``, or ``(V, d)`` for an embedding) of one drawn ``weights``.
+
+    Args:
+        weights: one draw, a :class:`DenseWeights` (``W`` itself), :class:`FactorWeights` (``A B^T``) or
+            :class:`Rank1Weights` (``W_bar o (s r^T)``), e.g. from a layer's ``sample``.
+
+    Returns:
+        The weight matrix as a JAX array (the bias is not included).
+
+    Raises:
+        ValueError: if ``weights`` is none of the three weight types.
+    """
     if isinstance(weights, DenseWeights):
         return weights.W
     if isinstance(weights, FactorWeights):
@@ -687,6 +731,18 @@ class DeterministicDense(_Layer):
 
     ``init``: ``"glorot"`` (uniform, Keras' default), ``"he"`` (normal, ``2 / n_in``) or ``"orthogonal"``;
     ``bias``: ``"deterministic"`` or ``"none"``; ``bias_init`` the bias' initial value.
+
+    Attributes:
+        n_in: number of input features (a positive integer).
+        n_out: number of output features (a positive integer).
+        bias: ``"deterministic"`` (a trained bias vector) or ``"none"``.
+        init_method: initialiser of ``W`` (the ``init`` above, and the ``init`` argument of :func:`dense`):
+            ``"glorot"``, ``"he"`` or ``"orthogonal"``.
+        bias_init: initial value of every bias entry.
+
+    Raises:
+        ValueError: on construction, if a size is not a positive integer or ``bias`` or ``init_method`` is not
+            one of the allowed names.
     """
 
     n_in: int
@@ -754,6 +810,22 @@ class BBBDense(_Layer):
     U(rho_range)`` (default ``(-5, -4)``, MIMIC and SST-2; Beijing used ``(-3, -2)``). ``bias``: ``"bayes"``
     (``mu = bias_init``, ``rho = bias_rho``; Table 8's ``b: mu = 0, rho = -5``), ``"deterministic"`` or
     ``"none"``.
+
+    Attributes:
+        n_in: number of input features (a positive integer).
+        n_out: number of output features (a positive integer).
+        family: variational family of the weights and Bayesian bias, ``"gaussian"`` or ``"laplace"``.
+        bias: ``"bayes"``, ``"deterministic"`` or ``"none"``.
+        init_method: initialiser of the weight means (the ``init`` above): ``"uniform"``, ``"he"`` or
+            ``"glorot"``.
+        mean_scale: half-width of the uniform mean initialisation (positive; used by ``"uniform"``).
+        rho_range: ``(low, high)`` of the uniform initialisation of the weights' ``rho`` (required).
+        bias_rho: initial ``rho`` of a Bayesian bias.
+        bias_init: initial mean (or value, for a deterministic bias) of every bias entry.
+
+    Raises:
+        ValueError: on construction, if a size is not a positive integer, a name is not one of the allowed
+            values, ``mean_scale`` is not positive or ``rho_range`` is not a finite pair ``low <= high``.
     """
 
     n_in: int
@@ -850,6 +922,27 @@ class LowRankDense(_Layer):
     cheaper from the static batch size. ``rank`` must not exceed ``min(n_in, n_out)`` unless
     ``overcomplete=True`` (a rank-``r`` factorisation of a thinner matrix is valid but wasteful; the paper's
     SST-2 head evidently used it, see :func:`paper_model`).
+
+    Attributes:
+        n_in: number of input features (a positive integer).
+        n_out: number of output features (a positive integer).
+        rank: the rank ``r`` of the factorisation (a positive integer).
+        family: variational family of the factor entries and Bayesian bias, ``"gaussian"`` or ``"laplace"``.
+        bias: ``"bayes"`` (mean-field bias), ``"deterministic"`` or ``"none"``.
+        init_method: ``"he"`` or ``"glorot"`` (the ``init`` above, and the ``init`` argument of :func:`dense`),
+            which fixes the matched weight variance ``sigma_W^2``.
+        mean_dist: distribution of the initial factor means, ``"normal"`` or ``"uniform"``.
+        eta: initial scale of the factor entries relative to ``s`` (positive; ignored when ``rho_range`` is set).
+        rho_range: ``(low, high)`` for ``rho ~ U(low, high)`` at initialisation, or ``None`` for ``eta s``.
+        bias_rho: initial ``rho`` of a Bayesian bias.
+        bias_init: initial mean (or value, for a deterministic bias) of every bias entry.
+        path: ``"auto"``, ``"factored"`` or ``"materialized"`` (see above).
+        overcomplete: allow ``rank > min(n_in, n_out)``.
+
+    Raises:
+        ValueError: on construction, if a size is not a positive integer, ``rank`` exceeds ``min(n_in, n_out)``
+            without ``overcomplete``, a name is not one of the allowed values, ``eta`` is not positive or
+            ``rho_range`` is not a finite pair ``low <= high``.
     """
 
     n_in: int
@@ -976,6 +1069,22 @@ class Rank1Dense(_Layer):
     mean-field with means ``1 + U(-perturbation, perturbation)`` ("Glorot + small perturbations", Tables 6-7)
     and ``rho ~ U(rho_range)``. ``x @ W = ((x o s) @ W_bar) o r``. The bias is deterministic by default (this
     reproduces Table 14's 2,406,398 and Table 8's 10.01M).
+
+    Attributes:
+        n_in: number of input features (a positive integer).
+        n_out: number of output features (a positive integer).
+        family: variational family of ``s``, ``r`` and a Bayesian bias, ``"gaussian"`` or ``"laplace"``.
+        bias: ``"deterministic"`` (default), ``"bayes"`` or ``"none"``.
+        init_method: initialiser of ``W_bar`` (the ``init`` above), ``"glorot"`` or ``"he"``.
+        perturbation: half-width of the uniform perturbation of the means of ``s`` and ``r`` around 1
+            (non-negative).
+        rho_range: ``(low, high)`` of the uniform initialisation of the ``rho`` of ``s`` and ``r`` (required).
+        bias_rho: initial ``rho`` of a Bayesian bias.
+        bias_init: initial mean (or value, for a deterministic bias) of every bias entry.
+
+    Raises:
+        ValueError: on construction, if a size is not a positive integer, a name is not one of the allowed
+            values, ``perturbation`` is negative or ``rho_range`` is not a finite pair ``low <= high``.
     """
 
     n_in: int
@@ -1066,9 +1175,25 @@ def dense(kind: str, n_in: int, n_out: int, *, rank: int | None = None, bias: st
           init: str | None = None, **options):
     """A dense layer spec of ``kind`` (one of :data:`KINDS`).
 
-    Args: ``rank`` (required for ``"lowrank"``, rejected otherwise); ``bias`` (default ``"deterministic"`` for
-    the deterministic and rank-1 kinds, ``"bayes"`` for ``"bbb"`` and ``"lowrank"``); ``init`` the kind's
-    initialiser name; ``options`` further fields of the class (``family``, ``eta``, ``rho_range``, ...).
+    Args:
+        kind: ``"deterministic"``, ``"bbb"``, ``"lowrank"`` or ``"rank1"``.
+        n_in: number of input features.
+        n_out: number of output features.
+        rank: the rank (required for ``"lowrank"``, rejected otherwise).
+        bias: the bias kind; ``None`` keeps the class default (``"deterministic"`` for the deterministic and
+            rank-1 kinds, ``"bayes"`` for ``"bbb"`` and ``"lowrank"``).
+        init: the kind's initialiser name, stored as the class' ``init_method``; ``None`` keeps the class default.
+        **options: further fields of the class (``family``, ``eta``, ``rho_range``, ...); ``overcomplete`` is
+            dropped for the kinds other than ``"lowrank"`` and ``family`` for ``"deterministic"``.
+
+    Returns:
+        The layer spec: a :class:`DeterministicDense`, :class:`BBBDense`, :class:`LowRankDense` or
+        :class:`Rank1Dense`.
+
+    Raises:
+        ValueError: if ``kind`` is unknown, ``rank`` is missing for ``"lowrank"`` or given for another kind, or
+            the class rejects a field value (for the kinds other than ``"lowrank"`` also an unknown option).
+        TypeError: if an option is not a field of :class:`LowRankDense` (kind ``"lowrank"``).
     """
     where = f"dense({n_in}->{n_out})"
     _check_choice(kind, KINDS, "kind", where)
@@ -1131,7 +1256,15 @@ class _Embedding(_Stochastic):
 
 @dataclasses.dataclass(frozen=True)
 class DeterministicEmbedding(_Embedding):
-    """Deterministic table ``E (V, d)``, ``U(-0.05, 0.05)`` initialised (Keras' Embedding default, Table 8)."""
+    """Deterministic table ``E (V, d)``, ``U(-0.05, 0.05)`` initialised (Keras' Embedding default, Table 8).
+
+    Attributes:
+        vocab: vocabulary size ``V`` (a positive integer).
+        dim: embedding dimension ``d`` (a positive integer).
+
+    Raises:
+        ValueError: on construction, if ``vocab`` or ``dim`` is not a positive integer.
+    """
 
     vocab: int
     dim: int
@@ -1171,7 +1304,19 @@ class DeterministicEmbedding(_Embedding):
 @dataclasses.dataclass(frozen=True)
 class BBBEmbedding(_Embedding):
     """Full-rank mean-field table ``E_vj ~ q(mu_vj, softplus(rho_vj))``; ``mu ~ U(-mean_scale, mean_scale)``,
-    ``rho ~ U(rho_range)`` (Table 8's FR-BBB)."""
+    ``rho ~ U(rho_range)`` (Table 8's FR-BBB).
+
+    Attributes:
+        vocab: vocabulary size ``V`` (a positive integer).
+        dim: embedding dimension ``d`` (a positive integer).
+        family: variational family of the entries, ``"gaussian"`` or ``"laplace"``.
+        mean_scale: half-width of the uniform initialisation of the means (positive).
+        rho_range: ``(low, high)`` of the uniform initialisation of ``rho``.
+
+    Raises:
+        ValueError: on construction, if a size is not a positive integer, ``family`` is unknown,
+            ``mean_scale`` is not positive or ``rho_range`` is not a finite pair ``low <= high``.
+    """
 
     vocab: int
     dim: int
@@ -1230,6 +1375,21 @@ class LowRankEmbedding(_Embedding):
     A lookup samples ``B`` and only the rows of ``A`` for the tokens in the batch: ``O(tokens r + d r)`` instead
     of ``O(V d)``. Means are variance-matched to a target entry variance ``target_var`` (default that of Keras'
     ``U(-0.05, 0.05)``, ``0.05^2 / 3``): ``s = (target_var / r)^(1/4)``, scales ``eta s`` or ``U(rho_range)``.
+
+    Attributes:
+        vocab: vocabulary size ``V`` (a positive integer).
+        dim: embedding dimension ``d`` (a positive integer).
+        rank: the rank ``r`` (a positive integer).
+        family: variational family of the factor entries, ``"gaussian"`` or ``"laplace"``.
+        eta: initial scale of the factor entries relative to ``s`` (positive; ignored when ``rho_range`` is set).
+        rho_range: ``(low, high)`` for ``rho ~ U(low, high)`` at initialisation, or ``None`` for ``eta s``.
+        target_var: the entry variance of ``E`` the initial means match (positive).
+        overcomplete: allow ``rank > min(vocab, dim)``.
+
+    Raises:
+        ValueError: on construction, if a size is not a positive integer, ``rank`` exceeds ``min(vocab, dim)``
+            without ``overcomplete``, ``family`` is unknown, ``eta`` or ``target_var`` is not positive or
+            ``rho_range`` is not a finite pair ``low <= high``.
     """
 
     vocab: int
@@ -1311,7 +1471,23 @@ class LowRankEmbedding(_Embedding):
 @dataclasses.dataclass(frozen=True)
 class Rank1Embedding(_Embedding):
     """Rank-1 multiplicative table ``E = E_bar o (s r^T)``, ``s (V,)``, ``r (d,)`` mean-field (``s`` sampled per
-    looked-up row)."""
+    looked-up row).
+
+    ``E_bar`` is deterministic and starts ``U(-0.05, 0.05)``; ``s`` and ``r`` are initialised as in
+    :class:`Rank1Dense`.
+
+    Attributes:
+        vocab: vocabulary size ``V`` (a positive integer).
+        dim: embedding dimension ``d`` (a positive integer).
+        family: variational family of ``s`` and ``r``, ``"gaussian"`` or ``"laplace"``.
+        perturbation: half-width of the uniform perturbation of the means of ``s`` and ``r`` around 1
+            (non-negative; checked by :meth:`init`).
+        rho_range: ``(low, high)`` of the uniform initialisation of the ``rho`` of ``s`` and ``r``.
+
+    Raises:
+        ValueError: on construction, if a size is not a positive integer, ``family`` is unknown or
+            ``rho_range`` is not a finite pair ``low <= high``.
+    """
 
     vocab: int
     dim: int
@@ -1375,7 +1551,26 @@ _EMBED = {"deterministic": DeterministicEmbedding, "bbb": BBBEmbedding, "lowrank
 
 
 def embedding(kind: str, vocab: int, dim: int, *, rank: int | None = None, **options):
-    """An embedding spec of ``kind``; ``rank`` required for ``"lowrank"``; ``options`` the class' fields."""
+    """An embedding spec of ``kind``; ``rank`` required for ``"lowrank"``; ``options`` the class' fields.
+
+    Args:
+        kind: ``"deterministic"``, ``"bbb"``, ``"lowrank"`` or ``"rank1"``.
+        vocab: vocabulary size ``V``.
+        dim: embedding dimension ``d``.
+        rank: the rank of a ``"lowrank"`` table (ignored by the other kinds).
+        **options: further fields of the class; ``overcomplete`` and ``eta`` are dropped for the kinds other
+            than ``"lowrank"``, ``target_var`` for ``"bbb"`` and ``"rank1"``, and all of them for
+            ``"deterministic"``.
+
+    Returns:
+        The embedding spec: a :class:`DeterministicEmbedding`, :class:`BBBEmbedding`, :class:`LowRankEmbedding`
+        or :class:`Rank1Embedding`.
+
+    Raises:
+        ValueError: if ``kind`` is unknown, ``rank`` is missing for ``"lowrank"``, or the class rejects a field
+            value.
+        TypeError: if an option is not a field of the class.
+    """
     where = f"embedding({vocab}x{dim})"
     _check_choice(kind, KINDS, "kind", where)
     kw = dict(options)
@@ -1603,6 +1798,7 @@ def mlp(sizes: Sequence[int], kind="lowrank", *, rank=None, activation="relu", b
     """An :class:`MLP` with layer sizes ``sizes = (d_in, h_1, ..., d_out)``.
 
     Args:
+      sizes: the layer widths ``(d_in, h_1, ..., d_out)``, positive integers (at least two).
       kind: one of :data:`KINDS`, or one per layer (e.g. the toy model ``("bbb", "lowrank", "bbb")``).
       rank: for low-rank layers, one int or one per layer (``None`` for other kinds).
       activation: a callable or a name (``"relu"``, ``"tanh"``, ``"gelu"``, ...).
@@ -1611,6 +1807,14 @@ def mlp(sizes: Sequence[int], kind="lowrank", *, rank=None, activation="relu", b
         ``"glorot"``).
       family: ``"gaussian"`` or ``"laplace"`` factors; ``options``: further layer fields (``eta``,
         ``rho_range``, ...), applied to the layers whose class has them.
+
+    Returns:
+      The :class:`MLP` spec (call its ``init`` for parameters).
+
+    Raises:
+      ValueError: if ``sizes`` has fewer than two entries or a non-positive one, a per-layer sequence has the
+        wrong length, a kind or the activation name is unknown, a low-rank layer has no rank, or a layer
+        rejects its settings.
     """
     where = "mlp"
     sizes = tuple(sizes)
@@ -1653,6 +1857,17 @@ def lstm_cell(ih, hh, w_ih, w_hh, x_t, carry):
 
     ``z = x_t W_ih + b_ih + h W_hh``; ``c' = sigmoid(f) c + sigmoid(i) tanh(g)``; ``h' = sigmoid(o) tanh(c')``.
     ``ih``/``hh`` are the dense specs of ``x_to_gates`` / ``h_to_gates``.
+
+    Args:
+        ih: dense layer spec of ``x_to_gates`` (``d_in -> 4H``).
+        hh: dense layer spec of ``h_to_gates`` (``H -> 4H``).
+        w_ih: drawn weights of ``ih`` (from its ``sample``).
+        w_hh: drawn weights of ``hh``.
+        x_t: inputs at this time step, shape ``(batch, d_in)``.
+        carry: the pair ``(h, c)`` of hidden and cell states, each ``(batch, H)``.
+
+    Returns:
+        The new pair ``(h', c')``, each of shape ``(batch, H)``.
     """
     h, c = carry
     z = ih.forward(w_ih, x_t) + hh.forward(w_hh, h)
@@ -1833,12 +2048,27 @@ def lstm(d_in: int, hidden: int, d_out: int = 1, num_layers: int = 2, kind: str 
     """An :class:`LSTM` of ``num_layers`` layers of width ``hidden`` and a dense head ``hidden -> d_out``.
 
     Args:
+      d_in: number of input features per time step.
+      hidden: hidden width ``H`` of every layer.
+      d_out: number of outputs of the head.
+      num_layers: number of stacked LSTM layers.
       kind: kind of every gate projection; ``rank_ih`` / ``rank_hh`` (int or one per layer) their ranks when
         low-rank (the paper's Beijing model: ``(14, 20)``).
       head_kind / head_rank: the head's kind (default ``kind``) and rank (default 1, "low-rank output head uses
         rank = 1", Table 7).
       bias: bias kind of ``x_to_gates`` and the head (``h_to_gates`` has none); default per kind.
       resample_per_step: see :class:`LSTM`.
+      family: ``"gaussian"`` or ``"laplace"`` for the stochastic layers.
+      options: further layer fields (``eta``, ``rho_range``, ...), applied to the layers whose class has them.
+
+    Returns:
+      The :class:`LSTM` spec. Gate projections are Glorot-initialised (orthogonal recurrent matrices for the
+      deterministic kind); ``"bbb"`` layers keep their class default.
+
+    Raises:
+      ValueError: if a size is not a positive integer, a kind is unknown, ``kind="lowrank"`` lacks
+        ``rank_ih`` or ``rank_hh``, a per-layer rank sequence has the wrong length, or a layer rejects its
+        settings.
     """
     where = "lstm"
     d_in = _check_int(d_in, "d_in", where)
@@ -1892,6 +2122,16 @@ class EncoderBlock:
 
     ``q, k, v, o`` (``d -> d``) and ``ff1`` (``d -> d_ff``), ``ff2`` (``d_ff -> d``) are dense specs of any kind;
     the LayerNorms are deterministic (``2 d`` parameters each).
+
+    Attributes:
+        q: dense spec of the query projection (``d -> d``).
+        k: dense spec of the key projection (``d -> d``).
+        v: dense spec of the value projection (``d -> d``).
+        o: dense spec of the attention output projection (``d -> d``).
+        ff1: dense spec of the first feed-forward layer (``d -> d_ff``).
+        ff2: dense spec of the second feed-forward layer (``d_ff -> d``).
+        num_heads: number of attention heads (must divide ``d``; checked by :class:`Transformer`).
+        activation: the feed-forward activation, a callable (GELU by default).
     """
 
     q: Any
@@ -1923,6 +2163,19 @@ class Transformer(_Network):
     masked out as attention keys (``None``: no masking). ``encode`` returns the hidden states before pooling.
     Draws: the embedding's rows with ``fold_in(key, 0)`` (only the looked-up rows, :class:`LowRankEmbedding`),
     every other layer from one uniform draw with ``fold_in(key, 1)``.
+
+    Attributes:
+        embed: the embedding spec (any of the four embedding kinds), ``vocab x d_model``.
+        blocks: tuple of :class:`EncoderBlock`, each of width ``d_model``.
+        head: dense spec of the classifier head (``d_model -> num_classes``).
+        max_len: the longest token sequence ``apply`` accepts.
+        positional: ``"sinusoidal"`` (fixed encodings added to the embeddings) or ``"none"``.
+        pad_id: token id masked out as attention key, or ``None``.
+        ln_eps: the epsilon of every LayerNorm.
+
+    Raises:
+        ValueError: on construction, if ``positional`` is unknown, a block's width differs from the embedding's,
+            ``d_model`` is not divisible by a block's ``num_heads``, or the head does not take ``d_model`` inputs.
     """
 
     embed: Any
@@ -2102,6 +2355,13 @@ def transformer(vocab_size: int = 30522, d_model: int = 256, num_layers: int = 4
     layers, 4 heads, ``d_ff = 512``, length 64, 2 classes, rank 16, BERT vocabulary 30,522).
 
     Args:
+      vocab_size: vocabulary size of the embedding.
+      d_model: model width (embedding dimension).
+      num_layers: number of encoder blocks.
+      num_heads: attention heads per block (must divide ``d_model``).
+      d_ff: hidden width of the feed-forward layers.
+      max_len: the longest token sequence accepted.
+      num_classes: outputs of the head.
       kind: kind of Q, K, V, O, FF1, FF2 (and by default of the embedding and the head).
       rank: their rank when low-rank; ``embed_rank`` the embedding's (default ``rank``; Table 8 prints
         ``r_e = 10`` but its 1.47M count needs 16, notes 4.7); ``head_rank`` the head's (default
@@ -2111,6 +2371,17 @@ def transformer(vocab_size: int = 30522, d_model: int = 256, num_layers: int = 4
         low-rank model).
       activation: FFN activation (the paper leaves it open; GELU by default).
       positional: ``"sinusoidal"`` (parameter-free) or ``"none"``; pad_id: token id masked as attention key.
+      overcomplete: allow low-rank matrices whose rank exceeds their smaller dimension.
+      family: ``"gaussian"`` or ``"laplace"`` for the stochastic layers.
+      options: further layer fields (``eta``, ``rho_range``, ...), applied to the layers whose class has them.
+
+    Returns:
+      The :class:`Transformer` spec.
+
+    Raises:
+      ValueError: if a size is not a positive integer, ``d_model`` is not divisible by ``num_heads``, a kind or
+        the activation name is unknown, ``rank`` is ``None`` while a layer is low-rank, or a layer rejects its
+        settings (e.g. a rank above a matrix's smaller dimension without ``overcomplete``).
     """
     where = "transformer"
     for name, v in (("vocab_size", vocab_size), ("d_model", d_model), ("num_layers", num_layers),
@@ -2170,6 +2441,17 @@ def paper_model(name: str, method: str):
       ``W_bar`` and biases, ``s, r`` on every matrix incl. embedding and head) 10,013,306 (10.01M). Table 8's
       ``r_e = 10`` would give 1.10M and Bayesian rank-1 biases 10.02M, so these are the configurations that
       reproduce the printed numbers.
+
+    Args:
+        name: ``"toy"``, ``"mnist"``, ``"mimic"`` or ``"sst2"``.
+        method: one of :data:`KINDS` (the toy regression has only ``"bbb"`` and ``"lowrank"``).
+
+    Returns:
+        The network spec: an :class:`MLP` for ``"toy"``, ``"mnist"`` and ``"mimic"``, a :class:`Transformer`
+        for ``"sst2"``.
+
+    Raises:
+        ValueError: if ``name`` or ``method`` is unknown, or ``name="toy"`` with a method it does not have.
     """
     where = "paper_model"
     _check_choice(name, ("toy", "mnist", "mimic", "sst2"), "name", where)
@@ -2229,6 +2511,16 @@ def linear_warmup(warmup_epochs: int = 0, delay_epochs: int = 0) -> Callable[[in
     The MNIST protocol ramps 0 -> 1/N over 20 epochs (``linear_warmup(20)``, App. I.1); SST-2 has 2 zero-KL
     epochs then reaches full KL by epoch 4 (``linear_warmup(2, 2)``, G.5.2); the toy ramps over 760 of 800 epochs.
     ``warmup_epochs = 0``: a step from 0 to 1 at ``delay``.
+
+    Args:
+        warmup_epochs: number of epochs of the linear ramp from 0 to 1 (a non-negative integer).
+        delay_epochs: number of initial epochs with multiplier 0 (the ``delay``; a non-negative integer).
+
+    Returns:
+        The schedule, a function of the (0-based) epoch index returning a float in ``[0, 1]``.
+
+    Raises:
+        ValueError: if either argument is not a non-negative integer.
     """
     w = _check_int(warmup_epochs, "warmup_epochs", "linear_warmup", 0)
     d = _check_int(delay_epochs, "delay_epochs", "linear_warmup", 0)
@@ -2410,7 +2702,20 @@ def fit(model, params, x, y, key, *, likelihood: str = "gaussian", num_epochs: i
 
 def init_ensemble(model, key, num_members: int = 5, dtype=jnp.float32):
     """``K`` independently initialised members (``init`` under ``vmap`` over ``split(key, K)``); every leaf gets
-    a leading member axis."""
+    a leading member axis.
+
+    Args:
+        model: a network spec (:class:`MLP`, :class:`LSTM` or :class:`Transformer`).
+        key: PRNG key, split into one key per member.
+        num_members: number of members ``K`` (a positive integer).
+        dtype: floating dtype of the parameters.
+
+    Returns:
+        The members' parameter pytree, each leaf with a leading axis of length ``K``.
+
+    Raises:
+        ValueError: if ``num_members`` is not a positive integer.
+    """
     k = _check_int(num_members, "num_members", "init_ensemble")
     return jax.vmap(lambda kk: model.init(kk, dtype))(jax.random.split(key, k))
 
@@ -2431,6 +2736,42 @@ def fit_ensemble(model, x, y, key, *, num_members: int = 5, params=None, likelih
 
     To continue a run (e.g. epoch by epoch with early stopping), pass the previous result's ``params``,
     ``noise_std`` (one per member) and ``opt_state``; Adam's moments then carry over instead of restarting.
+
+    Args:
+        model: a network spec (:class:`MLP`, :class:`LSTM` or :class:`Transformer`).
+        x: training inputs (first axis the ``n`` data points).
+        y: integer labels ``(n,)`` for ``likelihood="categorical"``; real targets ``(n,)`` or ``(n, d_out)`` for
+            ``"gaussian"``.
+        key: PRNG key, split into the initialisation key and the members' training keys.
+        num_members: number of members ``K`` (a positive integer).
+        params: members' parameters with a leading axis ``K`` (e.g. a previous result's); ``None`` initialises
+            them with :func:`init_ensemble` (float32).
+        likelihood: ``"gaussian"`` or ``"categorical"``.
+        num_epochs: number of epochs (a non-negative integer).
+        batch_size: minibatch size; ``n // batch_size`` minibatches per epoch (remainder dropped, reshuffled).
+        learning_rate: Adam step size, used when ``optimizer`` is ``None``.
+        optimizer: any optax transformation, applied to every member.
+        prior: prior of the stochastic parameters; ``None`` (default) trains without a KL term.
+        kl_weight: the non-negative KL weight (multiplied by the schedule).
+        warmup_epochs: ramp length of the default :func:`linear_warmup` schedule.
+        warmup_delay: delay of the default :func:`linear_warmup` schedule.
+        kl_schedule: a callable ``epoch -> multiplier`` replacing the warm-up schedule.
+        kl_method: ``"auto"``, ``"mc"`` or ``"exact"`` (see the layers' ``kl``).
+        num_data: the ``N`` dividing the KL (default ``n``).
+        noise_std: Gaussian noise standard deviation, one positive number or ``K`` (one per member).
+        learn_noise: learn the noise standard deviation of each member.
+        opt_state: optimiser state (member axis first) to continue from; ``None`` initialises it.
+        progress: show a tqdm bar over epochs.
+
+    Returns:
+        :class:`FitResult` with ``params`` (leading member axis), ``noise_std`` (a ``(K,)`` array, ``None`` for
+        classification), ``history`` (``loss``, ``nll``, ``kl`` of shape ``(epochs, K)``, ``beta`` of shape
+        ``(epochs,)``) and ``opt_state``.
+
+    Raises:
+        ValueError: if an argument is invalid (e.g. ``noise_std`` neither a positive number nor ``K`` positive
+            numbers, ``x`` and ``y`` of different lengths, non-integer labels for a categorical likelihood).
+        FloatingPointError: if the loss of a member becomes non-finite.
     """
     where = "fit_ensemble"
     k = _check_int(num_members, "num_members", where)
@@ -2479,7 +2820,18 @@ def fit_ensemble(model, x, y, key, *, num_members: int = 5, params=None, likelih
 
 
 def ensemble_apply(model, params, x, key=None):
-    """Outputs of every member, stacked ``(K, ...)`` (``params`` with a leading member axis)."""
+    """Outputs of every member, stacked ``(K, ...)`` (``params`` with a leading member axis).
+
+    Args:
+        model: the network spec of the members.
+        params: the members' parameters, every leaf with a leading axis of length ``K``.
+        x: inputs, shared by all members.
+        key: PRNG key split into one key per member (one weight draw each); ``None`` for networks without
+            stochastic layers.
+
+    Returns:
+        Array of shape ``(K,) + output shape``, the members' outputs.
+    """
     k = jax.tree.leaves(params)[0].shape[0]
     keys = None if key is None else jax.random.split(key, k)
     if keys is None:
@@ -2491,7 +2843,22 @@ def predict(model, params, x, key, num_samples: int = 50, *, batch_size: int | N
     """Monte-Carlo predictive samples: ``S = num_samples`` outputs of ``model.apply(params, x, k_s)`` with
     ``k_s = split(key, S)[s]``, stacked along a new leading axis (shape ``(S,) + output shape``). Average the
     softmax of the logits (classification) or take mean / std over axis 0 (regression). ``batch_size``: how
-    many draws are evaluated at once (``lax.map``'s ``batch_size``; default all at once)."""
+    many draws are evaluated at once (``lax.map``'s ``batch_size``; default all at once).
+
+    Args:
+        model: the network spec.
+        params: its parameters.
+        x: inputs, as for ``model.apply``.
+        key: PRNG key, split into ``S`` draw keys.
+        num_samples: number of draws ``S`` (a positive integer).
+        batch_size: draws evaluated together (a positive integer), or ``None`` for all at once under ``vmap``.
+
+    Returns:
+        Array of shape ``(S,) + output shape``, one network output per weight draw.
+
+    Raises:
+        ValueError: if ``num_samples`` or ``batch_size`` is not a positive integer.
+    """
     s = _check_int(num_samples, "num_samples", "predict")
     keys = jax.random.split(key, s)
     f = lambda k: model.apply(params, x, k)  # noqa: E731

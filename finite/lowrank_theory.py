@@ -65,7 +65,17 @@ LIPSCHITZ = {"mae": 1.0, "cross_entropy": math.sqrt(2.0), "binary_cross_entropy"
 
 
 def mse_lipschitz(bound: float) -> float:
-    """``L = 2B`` for the squared error when predictions and targets satisfy ``||z||, ||y|| <= B`` (Table 5)."""
+    """``L = 2B`` for the squared error when predictions and targets satisfy ``||z||, ||y|| <= B`` (Table 5).
+
+    Args:
+        bound: the norm bound ``B`` on predictions and targets (positive, finite).
+
+    Returns:
+        The Lipschitz constant ``2 B`` as a float.
+
+    Raises:
+        ValueError: if ``bound`` is not positive and finite.
+    """
     return 2.0 * _pos(bound, "bound", "mse_lipschitz")
 
 
@@ -94,7 +104,18 @@ def _ranks(ranks, rmax, where):
 
 
 def singular_values(W) -> np.ndarray:
-    """Singular values of a matrix ``W``, descending (or ``W`` itself when it is already a 1-D array of them)."""
+    """Singular values of a matrix ``W``, descending (or ``W`` itself when it is already a 1-D array of them).
+
+    Args:
+        W: a 2-D matrix ``(m, n)``, or a 1-D array of non-negative singular values (in any order).
+
+    Returns:
+        1-D float array of the singular values in descending order (``min(m, n)`` of them for a matrix; a 1-D
+        input is returned sorted).
+
+    Raises:
+        ValueError: if a 1-D input has negative entries or ``W`` has neither one nor two axes.
+    """
     W = np.asarray(W, dtype=float)
     if W.ndim == 1:
         if np.any(W < 0):
@@ -104,7 +125,18 @@ def singular_values(W) -> np.ndarray:
 
 
 def truncate(W, rank: int) -> np.ndarray:
-    """Best rank-``r`` approximation ``W_r = U_r Sigma_r V_r^T`` (truncated SVD; Thm C.3)."""
+    """Best rank-``r`` approximation ``W_r = U_r Sigma_r V_r^T`` (truncated SVD; Thm C.3).
+
+    Args:
+        W: the matrix ``(m, n)`` to truncate.
+        rank: the rank ``r``, an integer in ``0 .. min(m, n)`` (0 gives the zero matrix).
+
+    Returns:
+        Float array ``(m, n)``, the truncated-SVD approximation ``W_r``.
+
+    Raises:
+        ValueError: if ``W`` is not a matrix or ``rank`` is not an integer in ``0 .. min(m, n)``.
+    """
     W = _matrix(W, "truncate")
     r = int(_ranks(rank, min(W.shape), "truncate")[0])
     U, s, Vt = np.linalg.svd(W, full_matrices=False)
@@ -125,7 +157,19 @@ def tail_energy(W, ranks) -> np.ndarray:
 
 
 def energy_retention(W, ranks) -> np.ndarray:
-    """``E(r) = sum_{i<=r} sigma_i^2 / sum_i sigma_i^2`` (the cumulative energy of Figs. 9 and 15)."""
+    """``E(r) = sum_{i<=r} sigma_i^2 / sum_i sigma_i^2`` (the cumulative energy of Figs. 9 and 15).
+
+    Args:
+        W: a matrix, or its singular values as a 1-D array.
+        ranks: one rank or an array of ranks, integers in ``0 .. rho`` (``rho`` the number of singular values).
+
+    Returns:
+        The fraction of ``||W||_F^2`` kept by the first ``r`` singular values: a float for a scalar rank, else an
+        array with one entry per rank.
+
+    Raises:
+        ValueError: if ``W`` is zero or a rank is negative, not an integer or larger than ``rho``.
+    """
     s = singular_values(W)
     total = float(np.sum(s ** 2))
     if total == 0:
@@ -153,6 +197,20 @@ def approximation_error_bound(W_learned, W_star, rank: int, lipschitz: float, ra
     full-rank optimum. The appendix's square root is used (the main text's Eq. 4 omits it; notes 8.2 I).
     Returns ``{"learning_error", "rank_bias", "bound"}`` with ``learning_error = ||W - W*_r||_F`` and
     ``rank_bias = sqrt(sigma_{>r}^2)``.
+
+    Args:
+        W_learned: the learned rank-``r`` matrix ``W``, shape ``(m, n)``.
+        W_star: the full-rank optimum ``W*``, same shape.
+        rank: the rank ``r`` at which ``W*`` is truncated (an integer in ``0 .. min(m, n)``).
+        lipschitz: the Lipschitz constant ``L`` of the loss in its first argument (:data:`LIPSCHITZ`).
+        radius: ``R`` with ``||x||_2 <= R`` almost surely.
+
+    Returns:
+        A dict of floats: ``learning_error``, ``rank_bias`` and ``bound = L R (learning_error + rank_bias)``.
+
+    Raises:
+        ValueError: if the matrices are not 2-D or differ in shape, ``rank`` is out of range, or ``lipschitz`` or
+            ``radius`` is not positive and finite.
     """
     where = "approximation_error_bound"
     W = _matrix(W_learned, where, "W_learned")
@@ -175,6 +233,22 @@ def stochastic_loss_gap_bound(x, mu_full, mu_lowrank, var_full_out: float, var_l
     distributions (Monte Carlo or closed form, e.g. the trace of :func:`lowrank_weight_covariance` contracted
     with ``x``); ``lipschitz`` ``L``; ``smoothness`` ``beta`` (MSE 2; cross-entropy: the softmax Hessian's
     eigenvalues lie in ``[0, 1/2]``, Table 5 writes O(1)).
+
+    Args:
+        x: the input vector (any shape: its Euclidean norm ``||x||_2`` enters).
+        mu_full: mean matrix ``mu_f`` of the full-rank posterior.
+        mu_lowrank: mean matrix ``mu_r = mu_A mu_B^T`` of the low-rank posterior, same shape as ``mu_full``.
+        var_full_out: ``Var(W_full x) = E ||z - E z||^2`` under the full-rank posterior (non-negative).
+        var_lowrank_out: ``Var(A B^T x)`` under the low-rank posterior (non-negative).
+        lipschitz: the Lipschitz constant ``L`` of the loss (positive).
+        smoothness: the smoothness constant ``beta`` of the loss (non-negative).
+
+    Returns:
+        The bound on the expected-loss gap ``Delta``, a float.
+
+    Raises:
+        ValueError: if the mean matrices are not 2-D or differ in shape, ``lipschitz`` is not positive and finite,
+            or ``smoothness`` or a variance is negative or not finite.
     """
     where = "stochastic_loss_gap_bound"
     mf = _matrix(mu_full, where, "mu_full")
@@ -202,6 +276,20 @@ def mcallester_bound(empirical_risk, kl, num_data: int, delta: float = 0.05):
     fixed before seeing the data. ``empirical_risk`` ``L_hat(Q)`` (the posterior-averaged training loss) and
     ``kl`` may be arrays (broadcast). ``delta`` defaults to 0.05 (the paper does not state its value). A value
     above 1 is vacuous (Fig. 3's dashed line).
+
+    Args:
+        empirical_risk: ``L_hat(Q)``, a float or array with entries in ``[0, 1]``.
+        kl: ``KL(Q || P)`` in nats, a float or array (non-negative), broadcast against ``empirical_risk``.
+        num_data: number of training points ``N`` (positive).
+        delta: confidence parameter in ``(0, 1)``.
+
+    Returns:
+        The bound on the expected risk ``L(Q)``: an array of the broadcast shape (a NumPy float for scalar
+        inputs).
+
+    Raises:
+        ValueError: if ``num_data`` is not positive, ``delta`` is outside ``(0, 1)``, ``kl`` is negative or
+            ``empirical_risk`` is outside ``[0, 1]``.
     """
     where = "mcallester_bound"
     n = _pos(num_data, "num_data", where)
@@ -218,13 +306,39 @@ def mcallester_bound(empirical_risk, kl, num_data: int, delta: float = 0.05):
 
 
 def kl_cap_full(c_max: float, m: int, n: int) -> float:
-    """``KL(Q_full || P_full) <= C_max m n`` (Lemma D.3 with ``D_full = m n``; Thm D.4)."""
+    """``KL(Q_full || P_full) <= C_max m n`` (Lemma D.3 with ``D_full = m n``; Thm D.4).
+
+    Args:
+        c_max: the per-coordinate KL cap ``C_max`` (non-negative, finite).
+        m: number of rows of the weight matrix.
+        n: number of columns of the weight matrix.
+
+    Returns:
+        The KL cap ``C_max m n`` as a float.
+
+    Raises:
+        ValueError: if ``c_max`` is negative or not finite.
+    """
     return _pos(c_max, "c_max", "kl_cap_full", True) * int(m) * int(n)
 
 
 def kl_cap_lowrank(rank, m: int, n: int, c_max_a: float, c_max_b: float | None = None):
     """``KL(Q_LR || P_LR) <= C_max^A m r + C_max^B n r`` (Remark D.6, Eq. 13); ``c_max_b`` defaults to
-    ``c_max_a`` (Eq. 14: ``C_max r (m + n)``). ``rank`` may be an array."""
+    ``c_max_a`` (Eq. 14: ``C_max r (m + n)``). ``rank`` may be an array.
+
+    Args:
+        rank: the rank ``r``, a number or an array of ranks.
+        m: number of rows of ``W`` (and of the factor ``A``).
+        n: number of columns of ``W`` (rows of the factor ``B``).
+        c_max_a: per-coordinate KL cap ``C_max^A`` of the entries of ``A`` (non-negative, finite).
+        c_max_b: per-coordinate KL cap ``C_max^B`` of the entries of ``B``; ``None`` means ``c_max_a``.
+
+    Returns:
+        The KL cap, a NumPy float or array shaped like ``rank``.
+
+    Raises:
+        ValueError: if a cap is negative or not finite.
+    """
     ca = _pos(c_max_a, "c_max_a", "kl_cap_lowrank", True)
     cb = ca if c_max_b is None else _pos(c_max_b, "c_max_b", "kl_cap_lowrank", True)
     r = np.asarray(rank, float)
@@ -233,7 +347,19 @@ def kl_cap_lowrank(rank, m: int, n: int, c_max_a: float, c_max_b: float | None =
 
 def complexity_ratio(rank, m: int, n: int):
     """Theorem 3.8, Eq. 5: ``Complexity(Q_LR) / Complexity(Q_full) = sqrt(r (m + n) / (m n)) = sqrt(r (1/m +
-    1/n))`` when the per-coordinate KL caps are equal; ``< 1`` iff ``r < m n / (m + n)``."""
+    1/n))`` when the per-coordinate KL caps are equal; ``< 1`` iff ``r < m n / (m + n)``.
+
+    Args:
+        rank: the rank ``r`` (non-negative), a number or an array.
+        m: number of rows of the weight matrix (positive).
+        n: number of columns of the weight matrix (positive).
+
+    Returns:
+        The complexity ratio: a float for a scalar ``rank``, else an array shaped like ``rank``.
+
+    Raises:
+        ValueError: if a rank is negative or ``m`` or ``n`` is not positive.
+    """
     r = np.asarray(rank, float)
     if np.any(r < 0):
         raise ValueError("complexity_ratio: rank must be non-negative")
@@ -255,6 +381,24 @@ def pac_bayes_rank_curve(ranks, m: int, n: int, empirical_risk, c_max: float, nu
     :func:`coordinate_kl` over the trained factors); ``delta`` 0.05 by default.
 
     Returns ``{"ranks", "lowrank", "full", "ratio"}`` (``ratio`` = :func:`complexity_ratio`).
+
+    Args:
+        ranks: the ranks ``r`` to evaluate (a number or a 1-D array).
+        m: number of rows of the layer's weight matrix.
+        n: number of columns of the layer's weight matrix.
+        empirical_risk: bounded training loss in ``[0, 1]``: one value, one per rank, or a dict with keys
+            ``"lowrank"`` (one value or one per rank) and ``"full"`` (one value).
+        c_max: per-coordinate KL cap ``C_max`` of the low-rank factors (non-negative).
+        num_data: number of training points ``N``.
+        delta: confidence parameter in ``(0, 1)``.
+        c_max_full: per-coordinate KL cap of the full-rank posterior; ``None`` uses ``c_max``.
+
+    Returns:
+        A dict with ``"ranks"`` (1-D array of the ranks), ``"lowrank"`` (array, the bound at each rank),
+        ``"full"`` (float, the full-rank bound) and ``"ratio"`` (the :func:`complexity_ratio` at each rank).
+
+    Raises:
+        ValueError: as :func:`mcallester_bound`, :func:`kl_cap_lowrank` and :func:`complexity_ratio`.
     """
     r = np.atleast_1d(np.asarray(ranks))
     if isinstance(empirical_risk, dict):
@@ -271,7 +415,16 @@ def pac_bayes_rank_curve(ranks, m: int, n: int, empirical_risk, c_max: float, nu
 
 def critical_rank(ranks, bounds, threshold: float = 1.0):
     """The largest rank whose bound is ``<= threshold`` (the non-vacuous/vacuous transition ``r*`` of Fig. 3;
-    ``None`` if none is)."""
+    ``None`` if none is).
+
+    Args:
+        ranks: array of integer ranks.
+        bounds: array of bound values, one per rank (e.g. ``pac_bayes_rank_curve(...)["lowrank"]``).
+        threshold: the largest non-vacuous bound value (1 for a loss in ``[0, 1]``).
+
+    Returns:
+        The largest rank with ``bound <= threshold`` as an int, or ``None`` if no rank qualifies.
+    """
     r = np.asarray(ranks)
     b = np.asarray(bounds, float)
     ok = r[b <= threshold]
@@ -307,6 +460,22 @@ def coordinate_kl(mu, sigma, prior, family: str = "gaussian", order: int = 256):
     * a Gaussian prior (attribute ``sigma``): closed form;
     * any other prior with an elementwise ``log_prob``: ``order``-point Gauss-Hermite (Gaussian ``q``) or
       Gauss-Laguerre on each side (Laplace ``q``), accurate when ``log p`` is smooth on the scale of ``sigma``.
+
+    Args:
+        mu: posterior means ``mu_i`` (array).
+        sigma: posterior scales (the standard deviation for ``"gaussian"``, the Laplace scale ``b`` for
+            ``"laplace"``), positive, broadcast against ``mu``.
+        prior: the scalar prior ``p``: a scale mixture, a zero-mean Gaussian or any object with ``log_prob``
+            (see above).
+        family: the posterior family, ``"gaussian"`` or ``"laplace"``.
+        order: number of quadrature points.
+
+    Returns:
+        Array of the KL divergences in nats, one per coordinate (the broadcast shape of ``mu`` and ``sigma``).
+
+    Raises:
+        ValueError: if ``family`` is unknown, a ``sigma`` is not positive, or a mixture prior has ``pi`` outside
+            ``(0, 1)`` or a non-positive component scale.
     """
     where = "coordinate_kl"
     if family not in ("gaussian", "laplace"):
@@ -362,7 +531,19 @@ def coordinate_kl(mu, sigma, prior, family: str = "gaussian", order: int = 256):
 def bounded_regression_loss(y, y_pred, scale: float):
     """A loss in ``[0, 1]`` for regression PAC-Bayes bounds: ``min(1, |y - y_pred| / scale)`` (the paper does not
     say which bounded loss its LSTM plot used; this clipped, normalised absolute error is 1-Lipschitz in
-    ``y_pred / scale``)."""
+    ``y_pred / scale``).
+
+    Args:
+        y: targets (array).
+        y_pred: predictions, broadcast against ``y``.
+        scale: the normalising scale (positive): an absolute error of ``scale`` or more costs 1.
+
+    Returns:
+        Array of the per-point losses in ``[0, 1]``, of the broadcast shape of ``y`` and ``y_pred``.
+
+    Raises:
+        ValueError: if ``scale`` is not positive and finite.
+    """
     s = _pos(scale, "scale", "bounded_regression_loss")
     return np.minimum(1.0, np.abs(np.asarray(y, float) - np.asarray(y_pred, float)) / s)
 
@@ -373,7 +554,14 @@ def bounded_regression_loss(y, y_pred, scale: float):
 
 
 def spectral_norm(W) -> float:
-    """``||W||_2`` (largest singular value); ``C_i = ||A_i||_2 ||B_i||_2`` bounds ``||A_i B_i^T||_2``."""
+    """``||W||_2`` (largest singular value); ``C_i = ||A_i||_2 ||B_i||_2`` bounds ``||A_i B_i^T||_2``.
+
+    Args:
+        W: a matrix, or its singular values as a 1-D array.
+
+    Returns:
+        The spectral norm as a float.
+    """
     return float(singular_values(W)[0])
 
 
@@ -389,6 +577,13 @@ def gaussian_complexity_bound(x_fro: float, num_data: int, w1_fro: float, widths
     ``widths`` ``(h_1, ..., h_D)`` (output widths of the layers); ``ranks`` ``(r_1, ..., r_D)`` (``r_1`` unused);
     ``spectral`` ``(C_1, ..., C_D)`` with ``C_i = C_i^A C_i^B`` (Thm 3.9); ``c0`` Maurer's chaining constant, whose
     value neither paper states: **1 by default** (so the curves are relative; notes section 5.6).
+
+    Returns:
+        The bound on ``G_S`` as a float.
+
+    Raises:
+        ValueError: if ``widths``, ``ranks`` and ``spectral`` differ in length or are empty, or ``num_data`` or
+            ``c0`` is not positive and finite.
     """
     where = "gaussian_complexity_bound"
     h = [int(v) for v in widths]
@@ -413,7 +608,21 @@ def gaussian_complexity_bound(x_fro: float, num_data: int, w1_fro: float, widths
 def full_rank_complexity_bound(x_fro: float, num_data: int, widths: Sequence[int], spectral: Sequence[float],
                                input_dim: int) -> float:
     """Remark E.19's full-rank comparison ``(||X||_F / m) prod_i C_i sqrt(h_i h_{i-1})`` (``h_0 = input_dim``),
-    with the unstated big-O constant set to 1."""
+    with the unstated big-O constant set to 1.
+
+    Args:
+        x_fro: ``||X||_F``, the Frobenius norm of the data matrix.
+        num_data: number of data points ``m`` (positive).
+        widths: output widths ``(h_1, ..., h_D)`` of the layers.
+        spectral: spectral-norm bounds ``(C_1, ..., C_D)`` of the layers' weight matrices.
+        input_dim: the input dimension ``h_0``.
+
+    Returns:
+        The full-rank complexity bound as a float.
+
+    Raises:
+        ValueError: if ``widths`` and ``spectral`` differ in length or ``num_data`` is not positive and finite.
+    """
     h = [int(input_dim)] + [int(v) for v in widths]
     C = [float(v) for v in spectral]
     if len(C) != len(h) - 1:
@@ -427,7 +636,21 @@ def gaussian_complexity_generalization_bound(empirical_risk, complexity: float, 
     """Theorem 3.9 / E.15: with probability ``>= 1 - delta``,
     ``E l(f_BNN(x), y) <= L_hat + sqrt(pi L) G_S + 3 sqrt(log(2/delta) / (2N))`` for a loss in ``[0, 1]`` that is
     ``L``-Lipschitz in its first argument, ``f_BNN`` the posterior-mean predictor and ``G_S`` a bound such as
-    :func:`gaussian_complexity_bound`. ``delta`` 0.05 by default."""
+    :func:`gaussian_complexity_bound`. ``delta`` 0.05 by default.
+
+    Args:
+        empirical_risk: the empirical risk ``L_hat`` of the posterior-mean predictor, a float or array.
+        complexity: the Gaussian complexity bound ``G_S``.
+        lipschitz: the Lipschitz constant ``L`` of the loss (positive).
+        num_data: number of training points ``N`` (positive).
+        delta: confidence parameter in ``(0, 1)``.
+
+    Returns:
+        The bound on the expected loss: an array shaped like ``empirical_risk`` (a NumPy float for a scalar).
+
+    Raises:
+        ValueError: if ``delta`` is outside ``(0, 1)`` or ``num_data`` or ``lipschitz`` is not positive and finite.
+    """
     where = "gaussian_complexity_generalization_bound"
     d = float(delta)
     if not 0 < d < 1:
@@ -444,7 +667,18 @@ def gaussian_complexity_generalization_bound(empirical_risk, complexity: float, 
 
 
 def factor_variance(scale, family: str = "gaussian"):
-    """Variance of a factor entry with scale ``softplus(rho)``: ``sigma^2`` (Gaussian) or ``2 b^2`` (Laplace)."""
+    """Variance of a factor entry with scale ``softplus(rho)``: ``sigma^2`` (Gaussian) or ``2 b^2`` (Laplace).
+
+    Args:
+        scale: the scales ``softplus(rho)`` (array): standard deviations ``sigma`` or Laplace scales ``b``.
+        family: ``"gaussian"`` or ``"laplace"``.
+
+    Returns:
+        Array of the variances, shaped like ``scale``.
+
+    Raises:
+        ValueError: if ``family`` is neither ``"gaussian"`` nor ``"laplace"``.
+    """
     s = np.asarray(scale, float)
     if family == "gaussian":
         return s ** 2
@@ -489,13 +723,37 @@ def lowrank_weight_covariance(mu_a, var_a, mu_b, var_b) -> np.ndarray:
 
 
 def lowrank_weight_variance(mu_a, var_a, mu_b, var_b) -> np.ndarray:
-    """``Var[W_ij] = sum_t (muA_it^2 varB_jt + varA_it muB_jt^2 + varA_it varB_jt)`` (notes 1.6), shape ``(m, n)``."""
+    """``Var[W_ij] = sum_t (muA_it^2 varB_jt + varA_it muB_jt^2 + varA_it varB_jt)`` (notes 1.6), shape ``(m, n)``.
+
+    Args:
+        mu_a: means of the factor ``A``, shape ``(m, r)``.
+        var_a: variances of the entries of ``A`` (:func:`factor_variance`), shape ``(m, r)``.
+        mu_b: means of the factor ``B``, shape ``(n, r)``.
+        var_b: variances of the entries of ``B``, shape ``(n, r)``.
+
+    Returns:
+        Array ``(m, n)`` of the variances of the entries of ``W = A B^T`` (the diagonal of
+        :func:`lowrank_weight_covariance`).
+
+    Raises:
+        ValueError: if the shapes do not match or a variance is negative.
+    """
     mu_a, var_a, mu_b, var_b = _factors(mu_a, var_a, mu_b, var_b, "lowrank_weight_variance")
     return (mu_a ** 2) @ var_b.T + var_a @ (mu_b ** 2).T + var_a @ var_b.T
 
 
 def meanfield_weight_covariance(var_w) -> np.ndarray:
-    """Full-rank mean-field ``Cov[W_ij, W_kl] = d_ik d_jl var_W[i, j]`` (diagonal; Fig. 1 left), ``(m, n, m, n)``."""
+    """Full-rank mean-field ``Cov[W_ij, W_kl] = d_ik d_jl var_W[i, j]`` (diagonal; Fig. 1 left), ``(m, n, m, n)``.
+
+    Args:
+        var_w: the variances of the weight entries, shape ``(m, n)``.
+
+    Returns:
+        Array ``(m, n, m, n)``, zero except ``cov[i, j, i, j] = var_w[i, j]``.
+
+    Raises:
+        ValueError: if ``var_w`` is not 2-D.
+    """
     v = np.asarray(var_w, float)
     if v.ndim != 2:
         raise ValueError(f"meanfield_weight_covariance: var_w must be (m, n), got shape {v.shape}")
@@ -505,7 +763,18 @@ def meanfield_weight_covariance(var_w) -> np.ndarray:
 
 def covariance_to_correlation(cov) -> np.ndarray:
     """Correlation matrix ``(m n, m n)`` of ``vec(W)`` from a covariance ``(m, n, m, n)`` or ``(mn, mn)`` (the
-    heat-map of Fig. 1); entries with zero variance get correlation 0 (and 1 on the diagonal)."""
+    heat-map of Fig. 1); entries with zero variance get correlation 0 (and 1 on the diagonal).
+
+    Args:
+        cov: covariance of ``vec(W)``, either ``(m, n, m, n)`` (as from :func:`lowrank_weight_covariance`) or a
+            square ``(m n, m n)`` matrix.
+
+    Returns:
+        The square correlation matrix ``(m n, m n)``.
+
+    Raises:
+        ValueError: if ``cov`` is neither four-dimensional nor a square matrix.
+    """
     c = np.asarray(cov, float)
     if c.ndim == 4:
         m, n = c.shape[:2]
@@ -520,7 +789,19 @@ def covariance_to_correlation(cov) -> np.ndarray:
 
 
 def rank_manifold_dimension(m: int, n: int, r: int) -> int:
-    """Dimension ``r (m + n - r)`` of the manifold of ``m x n`` matrices of rank exactly ``r`` (Fig. 2)."""
+    """Dimension ``r (m + n - r)`` of the manifold of ``m x n`` matrices of rank exactly ``r`` (Fig. 2).
+
+    Args:
+        m: number of rows.
+        n: number of columns.
+        r: the rank, in ``0 .. min(m, n)``.
+
+    Returns:
+        The manifold dimension ``r (m + n - r)`` as an int.
+
+    Raises:
+        ValueError: if ``r`` is outside ``0 .. min(m, n)``.
+    """
     m, n, r = int(m), int(n), int(r)
     if not 0 <= r <= min(m, n):
         raise ValueError(f"rank_manifold_dimension: r must lie in [0, min(m, n)] = [0, {min(m, n)}], got {r}")

@@ -221,7 +221,24 @@ def _bn_params(params):
 def masked_resnet18(in_shape=(32, 32, 3), out_dim: int = 10, width: float = 1.0, expand: float = 1.25,
                     active_fraction: float = 0.8) -> MaskedResNet18:
     """The authors' masked ResNet-18: stage planes ``round(width * (64, 128, 256, 512) * expand)`` physical
-    (80 ... 640 at the defaults), of which ``active_fraction`` are active at the start (64 ... 512)."""
+    (80 ... 640 at the defaults), of which ``active_fraction`` are active at the start (64 ... 512).
+
+    Args:
+        in_shape: image shape ``(H, W, C)`` (channels last); ``(32, 32, 3)`` for CIFAR.
+        out_dim: number of classes of the dense readout.
+        width: multiplier of the standard ResNet-18 planes ``(64, 128, 256, 512)`` (rounded, at least 1 each);
+            values below 1 give small networks for tests.
+        expand: factor from the base planes to the physical planes (the authors' 1.25); at least 1.
+        active_fraction: fraction of each stage's physical planes active at the start (the first ones), in
+            ``(0, 1]``; rounded, and at least one plane per stage.
+
+    Returns:
+        The static `MaskedResNet18` description (physical ``channels`` and initially ``active`` planes per stage).
+
+    Raises:
+        ValueError: if ``in_shape`` does not have three entries, or ``width <= 0``, ``expand < 1`` or
+            ``active_fraction`` is outside ``(0, 1]``.
+    """
     if len(tuple(in_shape)) != 3:
         raise ValueError(f"masked_resnet18: in_shape must be (H, W, C), got {in_shape}")
     if not (width > 0 and expand >= 1 and 0 < active_fraction <= 1):

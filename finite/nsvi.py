@@ -36,6 +36,22 @@ K1, K2, K3 = 0.63576, 1.87320, 1.48695
 
 
 class NSVIParams(NamedTuple):
+    """Variational parameters of a node-sparse (group normal-Jeffreys) MLP, one entry per dense layer.
+
+    Layer ``l`` maps ``fan_in`` inputs to ``fan_out`` outputs; its input nodes carry the scales ``z``
+    (the data inputs for the first layer, the hidden nodes for the others).
+
+    Attributes:
+        z_mu: tuple of ``(fan_in,)`` arrays, the posterior means ``mu_i`` of the node scales ``z_i``.
+        z_log_alpha: tuple of ``(fan_in,)`` arrays, ``log alpha_i`` of ``q(z_i) = N(mu_i, alpha_i mu_i^2)``;
+            clipped to ``[-10, 10]`` where used. A node with ``log alpha`` above the pruning threshold is dropped.
+        w_mu: tuple of ``(fan_in, fan_out)`` arrays, the weight means ``m_ij`` (before scaling by ``z_i``).
+        w_log_s2: tuple of ``(fan_in, fan_out)`` arrays, the log variances ``log s_ij^2`` of the weights
+            (before scaling by ``z_i^2``).
+        b: tuple of ``(fan_out,)`` arrays, the biases (point estimates, no distribution).
+        log_noise: scalar array, ``log sigma^2`` of the Gaussian likelihood (the learned noise variance).
+    """
+
     z_mu: tuple  # per layer: (fan_in,)
     z_log_alpha: tuple  # per layer: (fan_in,)
     w_mu: tuple  # per layer: (fan_in, fan_out)
@@ -45,7 +61,21 @@ class NSVIParams(NamedTuple):
 
 
 def nsvi_init(key, in_dim: int, widths, out_dim: int = 1, dtype=jnp.float32) -> NSVIParams:
-    """Means from the scaled-normal initialisation of `finite.masked`, small variances, ``z`` near one."""
+    """Means from the scaled-normal initialisation of `finite.masked`, small variances, ``z`` near one.
+
+    Every weight mean is drawn ``N(0, 1 / fan_in)``, every weight log variance is ``-9``, the node scales start
+    at ``z_mu = 1 + 0.01 N(0, 1)`` with ``log alpha = -6``, the biases and ``log_noise`` at zero.
+
+    Args:
+        key: JAX PRNG key for the random weight means and scale means.
+        in_dim: number of input features (the fan-in of the first layer).
+        widths: sequence of hidden-layer widths, one per hidden layer.
+        out_dim: number of outputs of the last layer (1 for scalar regression).
+        dtype: floating dtype of every array.
+
+    Returns:
+        The initial `NSVIParams`, with one entry per dense layer (``len(widths) + 1`` layers).
+    """
     dims = (int(in_dim),) + tuple(int(w) for w in widths) + (int(out_dim),)
     keys = jax.random.split(key, len(dims) - 1)
     z_mu, z_la, w_mu, w_ls, b = [], [], [], [], []
@@ -80,6 +110,18 @@ def _layers_out(params: NSVIParams, x, key, sample: bool):
 
 
 def nsvi_kl(params: NSVIParams):
+    """Total KL divergence of the variational posterior from the prior, summed over all layers.
+
+    The sum of ``KL(q(z) || p(z))`` (the Molchanov et al. 2017 approximation to the log-uniform prior, see the
+    module docstring; ``log alpha`` clipped to ``[-10, 10]``) and ``KL(q(W | z) || p(W | z)) =
+    1/2 sum (log(1 / s^2) + s^2 + m^2 - 1)``. Biases and the noise variance carry no KL term.
+
+    Args:
+        params: the variational parameters, an `NSVIParams`.
+
+    Returns:
+        Scalar array, the KL divergence in nats (up to the constant of the approximation).
+    """
     total = 0.0
     for la, ls2, mu in zip(params.z_log_alpha, params.w_log_s2, params.w_mu):
         la = jnp.clip(la, -10.0, 10.0)
@@ -89,7 +131,21 @@ def nsvi_kl(params: NSVIParams):
 
 
 def nsvi_loss(params: NSVIParams, key, x, y, n_total: int):
-    """Negative ELBO per training point for a mini-batch ``(x, y)`` of a set of ``n_total`` points."""
+    """Negative ELBO per training point for a mini-batch ``(x, y)`` of a set of ``n_total`` points.
+
+    The Gaussian negative log-likelihood of one local-reparameterisation draw, averaged over the batch, plus
+    ``nsvi_kl(params) / n_total``.
+
+    Args:
+        params: the variational parameters, an `NSVIParams` (the first network output is the prediction).
+        key: JAX PRNG key for the sampled node scales and pre-activations.
+        x: batch inputs, shape ``(b, in_dim)``.
+        y: batch targets, shape ``(b,)``.
+        n_total: number of points in the full training set (scales the KL term).
+
+    Returns:
+        Scalar array, the stochastic estimate of the negative ELBO divided by ``n_total``, in nats per point.
+    """
     f = _layers_out(params, x, key, sample=True)[:, 0]
     noise = jnp.exp(params.log_noise)
     nll = 0.5 * jnp.mean((y - f) ** 2) / noise + 0.5 * params.log_noise + 0.5 * math.log(2 * math.pi)
@@ -97,12 +153,35 @@ def nsvi_loss(params: NSVIParams, key, x, y, n_total: int):
 
 
 def nsvi_active(params: NSVIParams, threshold: float = 3.0):
-    """Boolean keep-masks per layer input (``log alpha < threshold``); index 1.. are the hidden layers."""
+    """Boolean keep-masks per layer input (``log alpha < threshold``); index 1.. are the hidden layers.
+
+    Args:
+        params: the variational parameters, an `NSVIParams`.
+        threshold: pruning threshold on ``log alpha`` (3 by default, the paper's choice); a node is kept when its
+            (unclipped) ``log alpha`` is strictly below it.
+
+    Returns:
+        Tuple with one boolean array of shape ``(fan_in,)`` per layer: index 0 masks the input features, index
+        ``l >= 1`` the nodes of hidden layer ``l``. True means kept.
+    """
     return tuple(la < threshold for la in params.z_log_alpha)
 
 
 def nsvi_predict(params: NSVIParams, key, x, num_samples: int = 20, threshold: float = 3.0):
-    """``(f draws (S, n), noise sd)``: predictive samples with pruned nodes removed (their ``z`` set to 0)."""
+    """``(f draws (S, n), noise sd)``: predictive samples with pruned nodes removed (their ``z`` set to 0).
+
+    Args:
+        params: the variational parameters, an `NSVIParams` (the first network output is the prediction).
+        key: JAX PRNG key; it is split into one key per draw.
+        x: inputs, shape ``(n, in_dim)``.
+        num_samples: number of draws ``S`` from the variational predictive.
+        threshold: pruning threshold on ``log alpha`` passed to `nsvi_active`.
+
+    Returns:
+        A pair ``(f, noise_sd)``: ``f`` of shape ``(S, n)``, the sampled network outputs (node scales and
+        pre-activations drawn per example), and ``noise_sd``, the scalar noise standard deviation
+        ``exp(log_noise / 2)``.
+    """
     keep = nsvi_active(params, threshold)
     pruned = params._replace(z_mu=tuple(jnp.where(k, m, 0.0) for k, m in zip(keep, params.z_mu)))
 
@@ -115,7 +194,29 @@ def nsvi_predict(params: NSVIParams, key, x, num_samples: int = 20, threshold: f
 
 def fit_nsvi(key, x, y, widths=(1000, 1000), *, epochs: int = 500, batch_size: int = 100,
              learning_rate: float = 1e-2, progress: bool = False) -> NSVIParams:
-    """Train by Adam on mini-batches (the paper: lr 0.01, 500 epochs, batch 100)."""
+    """Train by Adam on mini-batches (the paper: lr 0.01, 500 epochs, batch 100).
+
+    The network has a single output; its parameters start from `nsvi_init` with ``log_noise`` set to
+    ``log(0.1 var(y))``. Each epoch draws a random permutation and takes ``n // batch_size`` steps on the
+    negative ELBO of `nsvi_loss` (the remaining points of that permutation are skipped).
+
+    Args:
+        key: JAX PRNG key for the initialisation, the permutations and the Monte Carlo draws.
+        x: training inputs, shape ``(n, d)``; converted to float32.
+        y: training targets, ``n`` values (flattened); converted to float32, used in their own units.
+        widths: hidden-layer widths of the MLP.
+        epochs: number of passes over the data.
+        batch_size: mini-batch size (capped at ``n``).
+        learning_rate: Adam step size.
+        progress: show a tqdm progress bar over the epochs.
+
+    Returns:
+        The trained `NSVIParams`.
+
+    Raises:
+        ValueError: if ``x`` is not 2-D, its row count differs from ``len(y)``, or either contains NaN or inf.
+        FloatingPointError: if the mean loss of an epoch becomes non-finite.
+    """
     x = jnp.asarray(x, jnp.float32)
     y = jnp.asarray(y, jnp.float32).reshape(-1)
     if x.ndim != 2 or x.shape[0] != y.shape[0]:
