@@ -15,7 +15,11 @@ if any(a in ("tanks-onestep", "tanks-simulation") for a in sys.argv[1:2]) and _E
         "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _EIGEN_OFF).strip()
 
-from experiments import EXPERIMENTS, report
+# --quiet: tqdm reads TQDM_DISABLE when it is first imported, so it is set before anything imports it
+if "--quiet" in sys.argv[2:]:
+    os.environ["TQDM_DISABLE"] = os.environ["SMNNGP_QUIET"] = "1"
+
+from experiments import EXPERIMENTS, progress, report
 
 
 def _load(name):
@@ -38,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", default=os.path.join("results", name), help="output directory (default: results/NAME)")
         p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
         p.add_argument("--quick", action="store_true", help="fast mode (minutes at most), as run by CI")
+        p.add_argument("--quiet", action="store_true", help="no progress bars or status lines (stderr); the "
+                       "tables and the list of files written still print")
         if hasattr(module, "add_arguments"):
             module.add_arguments(p)
     return parser
@@ -72,16 +78,38 @@ def main(argv=None) -> int:
     if getattr(module, "SINGLE_THREADED_EIGEN", False) and _EIGEN_OFF not in os.environ.get("XLA_FLAGS", ""):
         print(f"note: {args.command} is meant to run with XLA_FLAGS={_EIGEN_OFF} (set when it is the first "
               "argument of python -m experiments); without it XLA's CPU runtime may stall", file=sys.stderr)
-    config = {k: v for k, v in vars(args).items() if k not in ("command", "out", "seed")}
+    progress.set_quiet(args.quiet)
+    config = {k: v for k, v in vars(args).items() if k not in ("command", "out", "seed", "quiet")}
     if not args.quick:
         _enable_compilation_cache()
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
+    progress.note(f"{args.command}: started (output in {args.out})")
     rep = module.run(args)
     wall = time.perf_counter() - start
-    path = report.write(args.out, args.command, config, args.seed, wall, rep)
+    report.write(args.out, args.command, config, args.seed, wall, rep)
     print(rep.markdown)
-    print(f"\nwrote {path} and results.json ({wall:.1f} s)")
+    print(f"\n{args.command} finished in {wall:.1f} s; files written to {args.out}:")
+    for f in _written_since(args.out, started_at):
+        print(f"  {f}")
     return 0
+
+
+def _written_since(out: str, since: float) -> list[str]:
+    """The files under ``out`` written since ``since`` (a ``time.time()``), results first; cell and checkpoint
+    files of resumable runs are summarised by their folder."""
+    files, folders = [], {}
+    for root, _, names in os.walk(out):
+        for n in names:
+            f = os.path.join(root, n)
+            if os.path.getmtime(f) >= since - 1.0:
+                rel = os.path.relpath(f, out)
+                if os.sep in rel:
+                    top = os.path.join(out, rel.split(os.sep)[0])
+                    folders[top] = folders.get(top, 0) + 1
+                else:
+                    files.append(f)
+    files.sort(key=lambda f: (not os.path.basename(f).startswith("results"), f))
+    return files + [f"{d}{os.sep} ({k} file{'s' if k > 1 else ''})" for d, k in sorted(folders.items())]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from scipy import stats
 
+from experiments import progress
 from experiments.report import Report, markdown_table
 
 DESCRIPTION = "finite-vs-infinite width: empirical NNGP/NTK and output law converge to smnngp.stax kernels"
@@ -68,6 +69,7 @@ def run(args) -> Report:
 
     rows, per_width, samples = [], {}, {}
     for i, w in enumerate(widths):
+        progress.note(f"NNGP convergence: width {w} ({i + 1}/{len(widths)}), {draws} networks")
         net = _architecture(stax, w)
         f = sample_outputs(net[0], net[1], x, jax.random.fold_in(key, i), draws)[:, :, 0]
         prods = f[:, :, None] * f[:, None, :]
@@ -84,6 +86,7 @@ def run(args) -> Report:
 
     ntk_rows, ntk_res = [], {}
     for j, w in enumerate(ntk_widths):
+        progress.note(f"empirical NTK: width {w} ({j + 1}/{len(ntk_widths)})")
         keys = jax.random.split(jax.random.fold_in(key, 100 + j), 4)
         init_fn, apply_fn, _ = _architecture(stax, w)
         errs = [np.linalg.norm(np.asarray(empirical_ntk(apply_fn, init_fn(k, x.shape)[1], x)) - ntk)

@@ -61,7 +61,6 @@ def add_arguments(parser):
                         help="training variants (default all)")
     parser.add_argument("--noise-rate", type=float, default=0.5, help="noisy-label rate (paper 0.5)")
     parser.add_argument("--seeds", type=int, default=3, help="independent ensembles per cell (default 3)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
 
 
 def _scores(probs, labels, num_classes):

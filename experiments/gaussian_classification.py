@@ -58,7 +58,6 @@ def add_arguments(parser):
                         help=f"test shifts (default all: {' '.join(IMAGE_SHIFTS)})")
     parser.add_argument("--seeds", type=int, default=3, help="training subsets / validation splits (default 3)")
     parser.add_argument("--num-samples", type=int, default=10_000, help="importance samples for Burr XII")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def cnn_kernel(depth: int):

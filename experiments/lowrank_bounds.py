@@ -32,7 +32,6 @@ def add_arguments(parser):
     parser.add_argument("--hidden", type=int, default=256, help="hidden width H (default 256)")
     parser.add_argument("--ranks", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64, 128])
     parser.add_argument("--epochs", type=int, default=60, help="training epochs per model (default 60)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
 
 
 def _data(quick):

@@ -47,7 +47,6 @@ def add_arguments(parser):
     parser.add_argument("--hidden", type=int, default=1200, help="hidden width (paper 1200)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds (paper: one run, seed 42)")
     parser.add_argument("--num-samples", type=int, default=50, help="weight draws at test time (paper 50)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
 
 
 def build(model: str, d_in: int, hidden: int = 1200, num_classes: int = 10):

@@ -54,7 +54,6 @@ def add_arguments(parser):
     parser.add_argument("--num-samples", type=int, default=100, help="Monte-Carlo draws (paper 150)")
     parser.add_argument("--ood-windows", type=int, default=10_000,
                         help="Guangzhou windows scored for OOD detection (a fixed random subset; default 10,000)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
 
 
 def _kind(method: str) -> str:

@@ -48,7 +48,6 @@ def add_arguments(parser):
     parser.add_argument("--hmc-thinning", type=int, default=4, help="HMC iterations per kept draw")
     parser.add_argument("--hmc-max-doublings", type=int, default=10, help="NUTS tree depth limit (default 10)")
     parser.add_argument("--no-hmc", action="store_true", help="variational models only")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
 
 
 def toy_data(seed: int, n_train: int = 1024, n_test: int = 2048):

@@ -47,7 +47,6 @@ def add_arguments(parser):
     parser.add_argument("--epochs", type=int, default=30, help="epochs (paper 20 on 67,349 sentences)")
     parser.add_argument("--num-samples", type=int, default=30, help="test-time draws (paper 200)")
     parser.add_argument("--paper-size", action="store_true", help="the paper's encoder (4 x 256, rank 16)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
 
 
 def generate_task(seed: int, vocab: int, length: int, n_train: int, n_test: int, n_ood: int):

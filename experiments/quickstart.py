@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from experiments import metrics
+from experiments import metrics, progress
 from experiments.report import Report, markdown_table
 from smnngp.models import MODELS
 
@@ -52,8 +52,10 @@ def _diabetes_runs(n_splits, steps, seed):
         ys = {k: st.transform_y(y[i]) for k, i in (("tr", tr), ("va", va), ("te", te))}
         fits = {}
         for m in ("gaussian", "student_t"):
+            progress.note(f"diabetes split {split + 1}/{n_splits}: fitting the {NAMES[m]} by marginal likelihood")
             fits[m] = hyper.fit_hyperparameters(xs["tr"], ys["tr"], xs["va"], ys["va"], m, depth=2,
                                                 activation="relu", max_steps=steps, eval_every=25, seed=seed + split)
+        progress.note(f"diabetes split {split + 1}/{n_splits}: fitting the {NAMES['burr12']} (importance sampling)")
         fits["burr12"] = hyper.fit_burr_given_kernel(fits["student_t"], xs["tr"], ys["tr"], xs["va"], ys["va"],
                                                      steps=300, seed=seed + split)
         log_sy = float(np.log(st.inverse_y_scale(1.0)))
@@ -84,6 +86,7 @@ def _heavy_tailed_figure(out, seed, steps):
     val = rng.permutation(60)[:10]
     tr = np.setdiff1d(np.arange(60), val)
     xt = np.linspace(-3.5, 3.5, 200)
+    progress.note("figure: NNGP and Student-t process bands on 60 points with Cauchy noise")
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
     coverage = {}
     # One kernel for both panels (fitted as an NNGP by marginal likelihood), so that the panels differ only by

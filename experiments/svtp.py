@@ -63,7 +63,6 @@ def add_arguments(parser):
     parser.add_argument("--models", nargs="*", default=["svgp", "svtp"], choices=list(MODELS),
                         help="svgp, svtp (readout W_std pinned: sigma^2 is the amplitude), svtp-pinned (every W_std "
                              "pinned, only b_std trained); default svgp svtp")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
 
 
 def cnn_arch(depth: int):

@@ -44,7 +44,6 @@ def add_arguments(parser):
     parser.add_argument("--hessian", default="diagonal", help="Hessian option (the 100 x 100 layer needs 'diagonal')")
     parser.add_argument("--validation", type=int, default=256, help="held-out estimation samples for selection")
     parser.add_argument("--subsets", choices=["prefix", "random"], default="prefix")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def _config(args, method):

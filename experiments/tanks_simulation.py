@@ -65,7 +65,6 @@ def add_arguments(parser):
     parser.add_argument("--hmc-warmup", type=int, default=300)
     parser.add_argument("--hmc-samples", type=int, default=200)
     parser.add_argument("--no-hmc", action="store_true", help="skip the HMC run")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def _fit_grid(args, data, keys, method, group, lam, evaluate_record, log):

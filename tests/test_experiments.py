@@ -26,8 +26,10 @@ def test_unknown_experiment_is_an_error():
 
 
 def test_convergence_quick_writes_results(tmp_path):
-    res = _run("convergence", "--quick", "--out", str(tmp_path), "--seed", "3")
+    res = _run("convergence", "--quick", "--quiet", "--out", str(tmp_path), "--seed", "3")
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "width" not in res.stderr and "%|" not in res.stderr  # --quiet: no status lines, no bars
+    assert str(tmp_path / "results.md") in res.stdout  # it still points at what it wrote
     payload = json.loads((tmp_path / "results.json").read_text())
     assert payload["seed"] == 3 and payload["config"]["quick"] is True
     assert payload["git_commit"] and payload["wall_time_s"] > 0
@@ -74,6 +76,8 @@ def test_readme_variational_example_runs():
 def test_quickstart_quick_writes_results(tmp_path):
     res = _run("quickstart", "--quick", "--out", str(tmp_path), "--seed", "1")
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "diabetes split 2/2: fitting the Burr XII" in res.stderr  # progress: which split, which model
+    assert str(tmp_path / "heavy_tailed_bands.png") in res.stdout  # and it points at the files it wrote
     payload = json.loads((tmp_path / "results.json").read_text())
     summary = payload["results"]["summary"]
     assert set(summary) == {"gaussian", "student_t", "burr12"}
