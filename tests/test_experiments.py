@@ -80,10 +80,14 @@ def test_quickstart_quick_writes_results(tmp_path):
     assert str(tmp_path / "heavy_tailed_bands.png") in res.stdout  # and it points at the files it wrote
     payload = json.loads((tmp_path / "results.json").read_text())
     summary = payload["results"]["summary"]
-    assert set(summary) == {"gaussian", "student_t", "burr12"}
-    for model, s in summary.items():
+    assert set(summary["diabetes"]) == set(summary["heavy-tailed"]) == {"gaussian", "student_t", "burr12"}
+    for model, s in summary["diabetes"].items():
         # diabetes targets have std ~77: a fitted model's RMSE is far below that and its NLL is finite
         assert math.isfinite(s["nll"][0]) and 40 < s["rmse"][0] < 70, (model, s)
+    heavy = summary["heavy-tailed"]
+    # what the quickstart shows a new user: with Student-t(2) noise the Student-t process's NLL is lower
+    assert heavy["student_t"]["nll"][0] < heavy["gaussian"]["nll"][0], heavy
+    assert payload["results"]["heavy_tailed_student_t_wins"] == 2
     assert (tmp_path / "heavy_tailed_bands.png").stat().st_size > 1000
 
 
