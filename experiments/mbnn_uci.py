@@ -85,6 +85,7 @@ def add_arguments(parser):
     parser.add_argument("--burnin", type=int, default=None, help="burn-in iterations (default 400)")
     parser.add_argument("--samples", type=int, default=None, help="draws per chain (default 20)")
     parser.add_argument("--thinning", type=int, default=None, help="iterations between draws (default 200)")
+    parser.add_argument("--leapfrog", type=int, default=None, help="leapfrog steps per HMC trajectory (default 20)")
     parser.add_argument("--step-scale", type=float, default=None,
                         help="HMC step after burn-in as a fraction of the adapted one (default 0.5; 1 = the authors')")
     parser.add_argument("--pool-step", choices=("chain", "min"), default=None,
@@ -107,7 +108,7 @@ def settings(args) -> dict:
         s["datasets"] = tuple(d.strip() for d in args.datasets.split(",") if d.strip())
     if args.models:
         s["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
-    for k in ("splits", "chains", "width", "burnin", "samples", "thinning"):
+    for k in ("splits", "chains", "width", "burnin", "samples", "thinning", "leapfrog"):
         if getattr(args, k, None) is not None:
             s[k] = int(getattr(args, k))
     if getattr(args, "step_scale", None) is not None:
