@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - start
     report.write(args.out, args.command, config, args.seed, wall, rep)
     print(rep.markdown)
-    print(f"\n{args.command} finished in {wall:.1f} s; files written to {args.out}:")
+    print(f"\n{args.command} finished in {wall:.1f} s and wrote these files under {args.out}:")
     for f in _written_since(args.out, started_at):
         print(f"  {f}")
     return 0
