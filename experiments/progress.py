@@ -1,4 +1,4 @@
-"""Progress of the experiments: the one home of their bars, status lines and ``--quiet`` switch.
+"""Progress of the experiments: the one home of their status lines and ``--quiet`` switch.
 
 Every experiment reports how far it is (a tqdm bar, or a status line every few seconds on long single steps:
 which split, which model, how far) on stderr, so that the tables on stdout stay clean. ``python -m experiments
@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-__all__ = ["set_quiet", "is_quiet", "bar", "note"]
+__all__ = ["set_quiet", "is_quiet", "note"]
 
 _START = time.perf_counter()
 
@@ -26,14 +26,6 @@ def set_quiet(quiet: bool) -> None:
 def is_quiet() -> bool:
     """Whether progress output is switched off (``--quiet``, or ``SMNNGP_QUIET=1`` in the environment)."""
     return os.environ.get("SMNNGP_QUIET", "") not in ("", "0")
-
-
-def bar(iterable=None, **kwargs):
-    """A tqdm bar over ``iterable`` (keyword arguments as tqdm's) that stays silent under ``--quiet``."""
-    from tqdm.auto import tqdm
-
-    kwargs["disable"] = kwargs.get("disable", False) or is_quiet()
-    return tqdm(iterable, **kwargs)
 
 
 def note(message: str) -> None:
