@@ -27,11 +27,12 @@ of the build is about 1.6 times faster on two cores (fast mode, on the same load
 275 s two at a time). mkdocs-jupyter then renders the executed copies (``execute: false``), exactly as it would
 have rendered its own.
 
-Docstring warnings. griffe's warnings about docstrings fail the strict build, except the known problems listed in
-``KNOWN_DOCSTRING_PROBLEMS``: those are downgraded to INFO (with a pointer here) until the docstrings are fixed, so
-that any new problem still fails the build. Most are Args entries that document several parameters at once
-(``x, y: ...``), which Google style (one name per entry) does not have: griffe files them under a parameter named
-``x, y`` that is not in the signature. An entry that no longer occurs is reported at the end of the build.
+Docstring warnings. griffe's warnings about docstrings fail the strict build. ``KNOWN_DOCSTRING_PROBLEMS`` is
+empty now, so any docstring warning fails it; the mechanism remains for emergencies: a warning listed there (as
+"path: message", without the line number) is downgraded to INFO (with a pointer here) until its docstring is
+fixed, and an entry that no longer occurs is reported at the end of the build. A common cause: an Args entry that
+documents several parameters at once (``x, y: ...``), which Google style (one name per entry) does not have;
+griffe files it under a parameter named ``x, y`` that is not in the signature.
 
 Nothing is written into the repository: generated files (executed notebooks, the figure) live in a temporary
 directory until MkDocs copies them into the site; ``notebooks/`` stays output-free.
@@ -67,40 +68,9 @@ KERNEL_NAME = "smnngp-docs"
 README_MARKER = "<!-- README commands -->"
 
 # griffe's docstring warnings that are known and downgraded to INFO: "path: message", without the line number.
-# Remove an entry once its docstring is fixed (the build reports entries that no longer occur).
-KNOWN_DOCSTRING_PROBLEMS = frozenset({
-    "finite/ard.py: Parameter 'Z, y' does not appear in the function signature",
-    "finite/lowrank.py: Parameter 'embed_kind / head_kind' does not appear in the function signature",
-    "finite/lowrank.py: Parameter 'head_kind / head_rank' does not appear in the function signature",
-    "finite/lowrank.py: Parameter 'kl_weight, warmup_epochs, warmup_delay, kl_schedule' does not appear in the "
-    "function signature",
-    "finite/lowrank.py: Parameter 'model, params' does not appear in the function signature",
-    "finite/lowrank.py: Parameter 'num_epochs, batch_size' does not appear in the function signature",
-    "finite/lowrank.py: Parameter 'x, y' does not appear in the function signature",
-    "samplers/ard.py: Parameter 'group, block, hyper, bias_var, fixed_variances' does not appear in the function "
-    "signature",
-    "samplers/ard.py: Parameter 'model, Z, y' does not appear in the function signature",
-    "samplers/driver.py: Failed to get 'name: description' pair from 'num_warmup, kernel, adaptation, step_size, "
-    "inverse_mass_matrix, target_accept, num_integration_steps,'",
-    "samplers/driver.py: Parameter 'run stands. postfix' does not appear in the function signature",
-    "samplers/hmc.py: Parameter 'num_integration_steps, kernel' does not appear in the function signature",
-    "samplers/hmc.py: Parameter 'target_accept, gamma, t0, kappa' does not appear in the function signature",
-    "samplers/masks.py: Parameter 'birth, death' does not appear in the function signature",
-    "samplers/masks.py: Parameter 'loglik, grads' does not appear in the function signature",
-    "samplers/masks.py: Parameter 'params, masks' does not appear in the function signature",
-    "samplers/masks.py: Parameter 'split, layer, j, i' does not appear in the function signature",
-    "samplers/mbnn.py: Parameter 'birth, death' does not appear in the function signature",
-    "samplers/mbnn.py: Parameter 'n_mh, n_max' does not appear in the function signature",
-    "samplers/mbnn.py: Parameter 'num_chains, num_burnin, num_samples, thinning' does not appear in the function "
-    "signature",
-    "samplers/mbnn.py: Parameter 'target_accept, da_gamma, da_t0, da_kappa' does not appear in the function signature",
-    "smnngp/posterior.py: Parameter 'num_samples, key' does not appear in the function signature",
-    "smnngp/variational.py: Parameter 'model, params' does not appear in the function signature",
-    "smnngp/variational.py: Parameter 'patience, factor' does not appear in the function signature",
-    "smnngp/variational.py: Parameter 'train_inducing, train_kernel' does not appear in the function signature",
-    "smnngp/variational.py: Parameter 'x, y' does not appear in the function signature",
-    "smnngp/variational.py: Parameter 'x_val, y_val' does not appear in the function signature",
-})
+# Empty: every docstring warning fails the strict build. Add an entry only in an emergency, and remove it once its
+# docstring is fixed (the build reports entries that no longer occur).
+KNOWN_DOCSTRING_PROBLEMS: frozenset[str] = frozenset()
 
 
 class _KnownDocstringProblems(logging.Filter):

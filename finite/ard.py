@@ -790,10 +790,14 @@ def fit(model: ArdMLP, key, Z, y, config: ArdConfig = DEFAULT_CONFIG, *, lam: fl
     program.
 
     Args:
-      model: an :class:`ArdMLP`; key: PRNG key of the initial weights (ignored when ``params`` is given).
-      Z, y: regressors ``(N, d)`` and targets ``(N,)`` (e.g. from :func:`narx_regressors`).
-      config: :class:`ArdConfig`; lam: the penalty weight ``lambda`` (Eq. 15).
+      model: an :class:`ArdMLP`.
+      key: PRNG key of the initial weights (ignored when ``params`` is given).
+      Z: regressors ``(N, d)`` (e.g. from :func:`narx_regressors`).
+      y: targets ``(N,)`` (e.g. from :func:`narx_regressors`).
+      config: :class:`ArdConfig`.
+      lam: the penalty weight ``lambda`` (Eq. 15).
       weights: optional sample weights ``(N,)`` (0/1 selects a training subset without changing shapes).
+      params: optional initial weights (default ``model.init(key)``).
       evaluate: optional ``params -> dict of scalars`` run after every round inside the program (validation
         RMSE, free-run RMSE, ...); pass the same function object to reuse the compiled program.
     Returns: :class:`ArdFit` with a leading ``rounds`` axis.

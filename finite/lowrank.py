@@ -1805,8 +1805,8 @@ def mlp(sizes: Sequence[int], kind="lowrank", *, rank=None, activation="relu", b
       bias: ``"bayes"``, ``"deterministic"``, ``"none"`` (one or per layer); default per kind (:func:`dense`).
       init: initialiser name (one or per layer); default per kind (low-rank: ``"he"`` after ReLU, else
         ``"glorot"``).
-      family: ``"gaussian"`` or ``"laplace"`` factors; ``options``: further layer fields (``eta``,
-        ``rho_range``, ...), applied to the layers whose class has them.
+      family: ``"gaussian"`` or ``"laplace"`` factors.
+      options: further layer fields (``eta``, ``rho_range``, ...), applied to the layers whose class has them.
 
     Returns:
       The :class:`MLP` spec (call its ``init`` for parameters).
@@ -2052,9 +2052,13 @@ def lstm(d_in: int, hidden: int, d_out: int = 1, num_layers: int = 2, kind: str 
       hidden: hidden width ``H`` of every layer.
       d_out: number of outputs of the head.
       num_layers: number of stacked LSTM layers.
-      kind: kind of every gate projection; ``rank_ih`` / ``rank_hh`` (int or one per layer) their ranks when
-        low-rank (the paper's Beijing model: ``(14, 20)``).
-      head_kind / head_rank: the head's kind (default ``kind``) and rank (default 1, "low-rank output head uses
+      kind: kind of every gate projection.
+      rank_ih: rank of the input-to-gates projections when ``kind="lowrank"``, an int or one per layer (the
+        paper's Beijing model: 14).
+      rank_hh: rank of the hidden-to-gates projections when ``kind="lowrank"``, an int or one per layer (the
+        paper's Beijing model: 20).
+      head_kind: the head's kind (default ``kind``).
+      head_rank: the head's rank when ``head_kind`` is ``"lowrank"`` (default 1, "low-rank output head uses
         rank = 1", Table 7).
       bias: bias kind of ``x_to_gates`` and the head (``h_to_gates`` has none); default per kind.
       resample_per_step: see :class:`LSTM`.
@@ -2363,14 +2367,18 @@ def transformer(vocab_size: int = 30522, d_model: int = 256, num_layers: int = 4
       max_len: the longest token sequence accepted.
       num_classes: outputs of the head.
       kind: kind of Q, K, V, O, FF1, FF2 (and by default of the embedding and the head).
-      rank: their rank when low-rank; ``embed_rank`` the embedding's (default ``rank``; Table 8 prints
-        ``r_e = 10`` but its 1.47M count needs 16, notes 4.7); ``head_rank`` the head's (default
-        ``min(rank, d_model, num_classes)``; the 1.47M count needs 16, i.e. ``overcomplete=True``).
-      embed_kind / head_kind: override the embedding's / head's kind.
+      rank: their rank when low-rank.
+      embed_rank: the embedding's rank when low-rank (default ``rank``; Table 8 prints ``r_e = 10`` but its
+        1.47M count needs 16, notes 4.7).
+      embed_kind: override the embedding's kind (default ``kind``).
+      head_kind: override the head's kind (default ``kind``).
+      head_rank: the head's rank when low-rank (default ``min(rank, d_model, num_classes)``; the 1.47M count
+        needs 16, i.e. ``overcomplete=True``).
       bias: bias kind of all dense layers (default per kind; Table 8: Bayesian ``b: mu = 0, rho = -5`` for the
         low-rank model).
       activation: FFN activation (the paper leaves it open; GELU by default).
-      positional: ``"sinusoidal"`` (parameter-free) or ``"none"``; pad_id: token id masked as attention key.
+      positional: ``"sinusoidal"`` (parameter-free) or ``"none"``.
+      pad_id: token id masked as attention key (``None``: no masking).
       overcomplete: allow low-rank matrices whose rank exceeds their smaller dimension.
       family: ``"gaussian"`` or ``"laplace"`` for the stochastic layers.
       options: further layer fields (``eta``, ``rho_range``, ...), applied to the layers whose class has them.
@@ -2652,17 +2660,28 @@ def fit(model, params, x, y, key, *, likelihood: str = "gaussian", num_epochs: i
     1e-4 / N`` over 760 epochs is ``kl_weight=1e-4, warmup_epochs=760``.
 
     Args:
-      model, params: a network spec and its params (e.g. ``model.init(key)``).
-      x, y: training data (device arrays are reused; ``y`` integer labels for ``likelihood="categorical"``,
-        real targets of shape ``(n,)`` or ``(n, d_out)`` for ``"gaussian"``).
+      model: a network spec (:class:`MLP`, :class:`LSTM` or :class:`Transformer`).
+      params: its params (e.g. ``model.init(key)``).
+      x: training inputs, first axis the ``n`` data points (device arrays are reused).
+      y: training targets (device arrays are reused): integer labels ``(n,)`` for ``likelihood="categorical"``,
+        real targets of shape ``(n,)`` or ``(n, d_out)`` for ``"gaussian"``.
       key: PRNG key; epoch ``e`` uses ``fold_in(key, e)`` (shuffling and the per-step weight draws).
       likelihood: ``"gaussian"`` (noise ``noise_std``, learned when ``learn_noise``) or ``"categorical"``.
-      num_epochs, batch_size: ``len(x) // batch_size`` minibatches per epoch (remainder dropped, reshuffled).
-      optimizer: any optax transformation (default ``optax.adam(learning_rate)``); ``opt_state`` to continue.
+      num_epochs: number of epochs (a non-negative integer).
+      batch_size: minibatch size; ``len(x) // batch_size`` minibatches per epoch (remainder dropped,
+        reshuffled).
+      learning_rate: Adam step size, used when ``optimizer`` is ``None``.
+      optimizer: any optax transformation (default ``optax.adam(learning_rate)``).
       prior: prior of the stochastic parameters (``None``: no KL term, e.g. deterministic networks).
-      kl_weight, warmup_epochs, warmup_delay, kl_schedule: the KL weight and its schedule
-        (:func:`linear_warmup` unless ``kl_schedule`` is given).
+      kl_weight: the non-negative KL weight (multiplied by the schedule).
+      warmup_epochs: ramp length of the default :func:`linear_warmup` schedule.
+      warmup_delay: delay of the default :func:`linear_warmup` schedule.
+      kl_schedule: a callable ``epoch -> multiplier`` replacing the warm-up schedule.
       kl_method: ``"auto"``, ``"mc"`` or ``"exact"`` (see the layers' ``kl``).
+      num_data: the ``N`` dividing the KL (default ``len(x)``).
+      noise_std: Gaussian noise standard deviation (the starting value when ``learn_noise``).
+      learn_noise: learn the noise standard deviation.
+      opt_state: optimiser state to continue from; ``None`` initialises it.
       progress: show a tqdm bar over epochs.
 
     Returns: :class:`FitResult` (``params``, ``noise_std``, ``history``, ``opt_state``). The epoch is one jitted

@@ -30,9 +30,17 @@ def sample(model: ard.ArdMLP, Z, y, key, *, sigma2: float, group: str = "row+col
     ``checkpoint``, ``progress``, ...).
 
     Args:
-      model, Z, y: the network and its regression data (`finite.ard.narx_regressors`).
-      key: PRNG key. sigma2: the noise variance (e.g. Algorithm 1's training MSE).
-      group, block, hyper, bias_var, fixed_variances: the prior (`finite.ard.log_density`).
+      model: the :class:`~finite.ard.ArdMLP` network.
+      Z: regressors ``(N, d)`` of its regression data (`finite.ard.narx_regressors`).
+      y: targets ``(N,)`` of its regression data.
+      key: PRNG key.
+      sigma2: the noise variance (e.g. Algorithm 1's training MSE).
+      group: the prior's grouping of the weights, one of `finite.ard.GROUPS` (`finite.ard.log_density`).
+      block: the ``(rows, cols)`` block of the ``"shape"`` grouping (`finite.ard.log_density`).
+      hyper: ``(a, b)`` of the inverse-gamma hyper-prior on every group variance (`finite.ard.log_density`).
+      bias_var: the prior variance of every bias (`finite.ard.log_density`).
+      fixed_variances: per layer, a scalar or ``(n_in, n_out)`` fixed prior variance that replaces the
+        hyper-prior, or ``None`` (`finite.ard.log_density`).
       masks: optional per-layer 0/1 masks (Algorithm 1's sparsity pattern) held fixed during sampling.
       init_params: optional network to start from (e.g. Algorithm 1's weights): every chain starts at the position
         that maps back to it exactly (`finite.ard.init_position`), perturbed by 0.01 standard normals in the

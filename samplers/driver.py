@@ -313,14 +313,17 @@ def run_chunks(advance: Callable[[int, int], int], *, total: int, done: int = 0,
     or is interrupted (``finally``), so the file holds the last completed chunk.
 
     Args:
-        advance: ``(done, stop) -> new done``. total: iterations of the whole run. done, seconds: where a resumed
-        run stands. postfix: ``() -> dict`` shown beside the bar.
+        advance: ``(done, stop) -> new done``.
+        total: iterations of the whole run.
+        done: iterations already done (where a resumed run stands; default 0).
+        seconds: wall time already spent (where a resumed run stands; default 0).
         next_stop: ``done -> stop`` (capped at ``total``); ``None``: run to ``total`` in one call.
         at_boundary: ``done -> None`` called before every ``advance``, or ``None``.
         save: ``seconds -> None`` writing a checkpoint, or ``None`` (no checkpoints).
         checkpoint_every: seconds between two timed calls of ``save`` (default 60).
         progress: show a tqdm progress bar.
         desc: the bar's label (``None``: none).
+        postfix: ``() -> dict`` shown beside the bar, or ``None``.
 
     Returns:
         ``(done, seconds)``: iterations done and the run's wall time (resumed runs add up).
@@ -424,8 +427,17 @@ def hmc_driver(logdensity_fn: Callable, *, kernel: str = "nuts", adaptation: str
             (``num_integration_steps`` leapfrog steps; Neal 2011).
         adaptation: ``'window'`` (Stan's windowed step size + diagonal mass matrix), ``'dual_averaging'`` (step
             size only) or ``'none'``.
-        num_warmup: warm-up iterations. step_size: initial step. inverse_mass_matrix: initial diagonal ``(d,)``
-            (default ones). target_accept, da_gamma, da_t0, da_kappa: dual averaging (BlackJAX's defaults).
+        num_warmup: warm-up iterations.
+        step_size: initial step.
+        inverse_mass_matrix: initial diagonal ``(d,)`` (default ones).
+        target_accept: the dual averaging's target mean acceptance (BlackJAX's default).
+        num_integration_steps: leapfrog steps per trajectory of the ``'hmc'`` kernel.
+        max_num_doublings: the ``'nuts'`` kernel's trajectories have at most ``2**max_num_doublings`` leapfrog
+            steps.
+        step_scale: factor, in ``(0, 1]``, on the averaged dual-averaging step frozen after warm-up.
+        da_gamma: the dual averaging's ``gamma`` (BlackJAX's default).
+        da_t0: the dual averaging's ``t0`` (BlackJAX's default).
+        da_kappa: the dual averaging's ``kappa`` (BlackJAX's default).
 
     Returns:
         :class:`Driver`.
@@ -633,17 +645,30 @@ def sample(logdensity_fn: Callable, key, initial_position, *, num_chains: int = 
         initial_position: one position per chain (a pytree whose leaves have a leading axis ``num_chains``) or a
             callable ``key -> position`` (called per chain with keys split from ``key``).
         num_chains: chains (``vmap``; sharded over local devices per ``shard``, see :func:`chain_sharding`).
-        num_warmup, kernel, adaptation, step_size, inverse_mass_matrix, target_accept, num_integration_steps,
-            max_num_doublings, step_scale: see :func:`hmc_driver`.
+        num_warmup: warm-up iterations (see :func:`hmc_driver`).
+        num_samples: kept draws per chain.
+        thinning: iterations per kept draw after warm-up.
+        kernel: ``'nuts'`` or ``'hmc'`` (see :func:`hmc_driver`).
+        adaptation: ``'window'``, ``'dual_averaging'`` or ``'none'`` (see :func:`hmc_driver`).
+        step_size: initial step (see :func:`hmc_driver`).
+        inverse_mass_matrix: initial diagonal inverse mass matrix (see :func:`hmc_driver`).
+        target_accept: the dual averaging's target mean acceptance (see :func:`hmc_driver`).
+        num_integration_steps: leapfrog steps per trajectory of the ``'hmc'`` kernel (see :func:`hmc_driver`).
+        max_num_doublings: the ``'nuts'`` kernel's tree-doubling limit (see :func:`hmc_driver`).
+        step_scale: factor on the adapted step after warm-up (see :func:`hmc_driver`).
         pool_step: ``None``: each chain keeps its adapted step; ``'min'``: after warm-up every chain takes the
             smallest adapted step (`samplers.hmc.pool_min_step`). The mass matrices stay per chain.
         functions: ``name -> fn(position)`` evaluated at every kept draw (inside the compiled chunk); the
             position itself is kept as ``'position'`` unless ``keep_position=False``.
+        keep_position: keep the position at every kept draw (as ``'position'``).
         chunk: iterations per compiled program (a ``lax.scan``); results do not depend on it.
         checkpoint: file path; the run is saved there every ``checkpoint_every`` seconds, at the end, and on
             interruption, and a run started with the same path and settings resumes from it (the log density is
             not compared: resuming with another target is the caller's error).
+        checkpoint_every: seconds between two timed saves of ``checkpoint`` (default 60).
         progress: show a tqdm bar.
+        shard: shard the chains over the local devices: ``None`` (when possible), ``True`` or ``False`` (see
+            :func:`chain_sharding`).
 
     Returns:
         :class:`DriverResult`.
@@ -772,7 +797,8 @@ def diagnostics(result: DriverResult, keys=None) -> dict:
     """Acceptance, divergences, step sizes, leapfrog steps, and R-hat / bulk and tail ESS of the kept draws.
 
     Args:
-        result: a :class:`DriverResult`. keys: names of ``result.draws`` to diagnose (default all).
+        result: a :class:`DriverResult`.
+        keys: names of ``result.draws`` to diagnose (default all).
 
     Returns:
         `phase_summary` (``acceptance``, ``acceptance_warmup``, ``divergences``, ``divergences_warmup``) plus

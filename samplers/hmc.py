@@ -126,12 +126,17 @@ def hmc_step(key, position, logdensity: Callable, da_state, adaptation: StepSize
     """One trajectory for a log density that may change between calls (identity mass matrix).
 
     Args:
-        key: PRNG key. position: the position pytree. logdensity: its log density now.
-        da_state: ``DualAveragingAdaptationState`` of this chain. adaptation: from :func:`step_size_adaptation`.
+        key: PRNG key.
+        position: the position pytree.
+        logdensity: its log density now.
+        da_state: ``DualAveragingAdaptationState`` of this chain.
+        adaptation: from :func:`step_size_adaptation`.
         adapt: update the dual averaging (burn-in); may be traced (one compiled program serves burn-in and
             sampling). While adapting the step is ``exp(log_step_size)``; afterwards it is ``sampling_scale``
             times the averaged ``exp(log_step_size_avg)``.
-        num_integration_steps, kernel: see :func:`transition`.
+        num_integration_steps: number of leapfrog steps of an ``'hmc'`` trajectory (see :func:`transition`).
+        kernel: ``'hmc'`` or ``'nuts'`` (see :func:`transition`).
+        sampling_scale: factor applied to the averaged step once the adaptation stops (see ``adapt``).
 
     Returns:
         ``(position, da_state, step_size, TrajectoryInfo)``. A trajectory whose acceptance probability is NaN
@@ -204,7 +209,11 @@ def warmup_adaptation(adaptation: str = "window", num_steps: int = 1000, *, targ
             for short warm-ups, all fast below 20). ``'dual_averaging'``: step size only, identity (or the given)
             mass matrix. ``'none'``: nothing adapts.
         num_steps: warm-up iterations.
-        target_accept, gamma, t0, kappa: dual averaging (see :func:`step_size_adaptation`); defaults BlackJAX's.
+        target_accept: the dual averaging's target mean acceptance (see :func:`step_size_adaptation`); default
+            BlackJAX's.
+        gamma: the dual averaging's ``gamma`` (see :func:`step_size_adaptation`); default BlackJAX's.
+        t0: the dual averaging's ``t0`` (see :func:`step_size_adaptation`); default BlackJAX's.
+        kappa: the dual averaging's ``kappa`` (see :func:`step_size_adaptation`); default BlackJAX's.
         step_scale: after the last warm-up iteration the step is ``step_scale * exp(log_step_size_avg)``.
 
     Returns:

@@ -166,11 +166,13 @@ def mask_move(key, masks, loglik, grads, value_and_grad: Callable, *, c: float, 
     Args:
         key: a JAX PRNG key.
         masks: tuple of ``(p_l,)`` 0/1 float arrays, one per hidden layer.
-        loglik, grads: the log-likelihood and its gradient with respect to the masks at ``masks``.
+        loglik: the log-likelihood at ``masks``.
+        grads: the gradient of the log-likelihood with respect to the masks at ``masks`` (a tuple like ``masks``).
         value_and_grad: ``masks -> (loglik, grads)`` with the weights and noise fixed.
         c: mask prior strength.
         n_max: the most entries one move flips (``N ~ U{1..n_max}``).
-        birth, death: the selection proposals, from ``PROPOSALS``.
+        birth: the selection proposal of a birth move (a node switched on), from ``PROPOSALS``.
+        death: the selection proposal of a death move (a node switched off), from ``PROPOSALS``.
         authors_guard: apply the authors' rule described in the module docstring (not exact).
 
     Returns:
@@ -270,7 +272,11 @@ def transfer_log_proposal(acts, masks, split: bool, layer: int, j: int, i: int, 
     Args:
         acts: per hidden layer the ``(n, p_l)`` activations before the mask.
         masks: the masks of the state.
-        split, layer, j, i: the choice (move type, 0-based layer, switched node, partner).
+        split: the move type of the choice: ``True`` for a split (node ``j`` switched on), ``False`` for a merge
+            (switched off).
+        layer: the 0-based hidden layer of the choice.
+        j: the switched node.
+        i: the partner node.
         kappa: the partner sharpness.
 
     Returns:
@@ -300,7 +306,8 @@ def transfer_move(key, params, masks, loglik, value, *, c: float, prior_scale: f
 
     Args:
         key: a JAX PRNG key.
-        params, masks: the current weights ``((W_1, b_1), ...)`` and masks of a `finite.masked.MaskedMLP`.
+        params: the current weights ``((W_1, b_1), ...)`` of a `finite.masked.MaskedMLP`.
+        masks: the current masks of the `finite.masked.MaskedMLP`.
         loglik: the log-likelihood at ``(params, masks)``.
         value: ``(params, masks) -> loglik`` with the noise fixed.
         c: mask prior strength ``(lambda ln n)^5``.

@@ -511,11 +511,16 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
     Args:
         model: the `MaskedBNN` posterior to sample.
         num_integration_steps: leapfrog steps per HMC trajectory (the NUTS kernel ignores it).
-        n_mh, n_max: birth/death moves per iteration and the most nodes one move flips.
-        birth, death: their selection proposals (`samplers.masks.PROPOSALS`).
+        n_mh: birth/death moves per iteration.
+        n_max: the most nodes one birth/death move flips.
+        birth: the selection proposal of birth moves (`samplers.masks.PROPOSALS`).
+        death: the selection proposal of death moves (`samplers.masks.PROPOSALS`).
         authors_guard: the authors' non-exact layer guard (`samplers.masks`).
         theta_kernel: ``"hmc"`` or ``"nuts"`` for the effective weights.
-        target_accept, da_gamma, da_t0, da_kappa: dual-averaging target and constants of the burn-in step size.
+        target_accept: the dual-averaging target (mean acceptance) of the burn-in step size.
+        da_gamma: the dual-averaging constant ``gamma`` of the burn-in step size.
+        da_t0: the dual-averaging constant ``t0`` of the burn-in step size.
+        da_kappa: the dual-averaging constant ``kappa`` of the burn-in step size.
         sigma2_init: the initial noise variance.
 
     n_transfer: merge/split moves per iteration after the birth/death moves (`samplers.masks.transfer_move`: a
@@ -610,8 +615,10 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     Args:
         sampler: an `MBNNSampler` (from `mbnn_sampler`).
         key: a JAX PRNG key.
-        num_chains, num_burnin, num_samples, thinning: chains, adapted burn-in iterations, kept draws per chain
-            and iterations between them.
+        num_chains: the number of chains.
+        num_burnin: adapted burn-in iterations.
+        num_samples: kept draws per chain.
+        thinning: iterations between kept draws.
         progress: show a tqdm bar.
         init_state: stacked states to start from instead of fresh draws (e.g. a previous run's ``state``).
 

@@ -1013,10 +1013,12 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
       kernel: a ``kernel_fn`` from `smnngp.stax` (NNGP used; build it with the
         last layer's ``W_std=1`` so that the prior carries the scale) or any
         ``k(x1, x2) -> matrix``.
-      x_train: (N, ...) inputs; y_train: (N,) or (N, C) targets.
+      x_train: (N, ...) inputs.
+      y_train: (N,) or (N, C) targets.
       prior: a scale prior from `smnngp.priors` (``None`` = ``Delta(1)``).
       noise: ``eps`` (scaled) or ``sigma_n^2`` (unscaled), see the module docstring.
-      num_samples, key: importance sampling (non-conjugate cases only).
+      num_samples: importance samples drawn (non-conjugate cases only).
+      key: JAX PRNG key for the importance samples (non-conjugate cases only; ``None``: ``PRNGKey(0)``).
       min_ess: warn (:class:`SmallESSWarning`) below this effective sample size.
       proposal: ``'prior'`` (the paper's importance sampler: draws from H) or ``'likelihood'`` (draws from a
         widened inverse gamma shaped like the likelihood in sigma^2, reweighted by prior / proposal; scaled noise

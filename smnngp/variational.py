@@ -487,7 +487,8 @@ def svgp(kernel, likelihood, inducing_inputs, *, num_latent=None, q_diag=False, 
       num_latent: optional check of C.
       q_diag: diagonal S_c instead of a full lower-triangular factor.
       q_scale_init: initial ``S_c = q_scale_init I`` (1 = the prior).
-      train_inducing, train_kernel: whether Z and the kernel's theta are trained by :func:`fit`.
+      train_inducing: whether :func:`fit` trains Z.
+      train_kernel: whether :func:`fit` trains the kernel's theta.
       jitter: relative jitter on K_ZZ (``jitter * mean(diag K_ZZ)``; default 1e-5 in float32, 1e-8 in float64).
       num_mc: Monte-Carlo draws per ELBO evaluation (Softmax; sigma^2 draws of the SVTP).
 
@@ -1246,15 +1247,23 @@ def fit(model: Model, params: Params, x, y, *, key, optimizer=None, learning_rat
     """Maximise the ELBO by minibatch stochastic optimisation (module docstring, "Training").
 
     Args:
-      model, params: from :func:`svgp`/:func:`svtp` and :func:`init` (or an earlier fit).
-      x, y: training data (N points); ``key``: PRNG key for minibatches and Monte-Carlo draws.
-      optimizer: an optax transformation (default ``optax.adam(learning_rate)``, learning_rate default 1e-2).
+      model: the :class:`Model`, from :func:`svgp`/:func:`svtp`.
+      params: its parameters, from :func:`init` (or an earlier fit).
+      x: training inputs (N points).
+      y: training targets (N points).
+      key: PRNG key for minibatches and Monte-Carlo draws.
+      optimizer: an optax transformation (default ``optax.adam(learning_rate)``).
+      learning_rate: the step size of the default optimizer (default 1e-2); not together with ``optimizer``.
       batch_size: minibatch size B (<= N; divisible by the number of devices).
       num_steps: maximum number of optimisation steps.
-      x_val, y_val: validation data for plateau reduction, early stopping and keeping the best parameters.
+      x_val: validation inputs for plateau reduction, early stopping and keeping the best parameters (pass both
+        ``x_val`` and ``y_val`` or neither).
+      y_val: validation targets matching ``x_val``.
       eval_every: steps between evaluations (default: one epoch, ``N // B``).
       num_val_samples: Monte-Carlo draws of the validation predictive (fixed random numbers across evaluations).
-      patience, factor: `optax.contrib.reduce_on_plateau` settings (per evaluation).
+      patience: evaluations without improvement before `optax.contrib.reduce_on_plateau` reduces the
+        learning-rate scale.
+      factor: the factor, in (0, 1), by which `optax.contrib.reduce_on_plateau` multiplies the learning-rate scale.
       min_lr_scale: stop once the learning-rate scale falls below it.
       stop_patience: stop after this many evaluations without a better validation NLL (``None``: never).
       devices: devices for data-parallel steps (default: all local devices; one device = no sharding).
