@@ -19,6 +19,8 @@ Registered in ``mkdocs.yml`` (``hooks: [docs/hooks.py]``). What they do, in buil
   ``$SMNNGP_DOCS_CELL_TIMEOUT`` seconds, default 1800) fails the build with the cell's traceback.
 * ``on_page_markdown``: replace the marker ``<!-- README commands -->`` of the landing page by the first two
   ``bash`` blocks of ``README.md``, so the page always shows the README's commands verbatim.
+* ``on_page_content`` / ``on_post_page``: index the objects the API pages document, then turn the docstrings'
+  Sphinx roles (``:func:`name` ``, which mkdocstrings would print as text) into links to them.
 * ``on_env``: wait for the example; a failing example fails the build with its error output.
 
 Why the hook executes the notebooks rather than mkdocs-jupyter's ``execute: true``: mkdocs-jupyter runs them one
@@ -43,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -95,7 +98,8 @@ class _KnownDocstringProblems(logging.Filter):
 _GRIFFE_LOGGER = logging.getLogger("mkdocs.plugins.griffe")
 
 # State of one build (``mkdocs serve`` runs the hooks again for every rebuild).
-_state: dict = {"tmp": None, "examples": {}, "filter": None, "pool": None, "notebooks": {}, "clients": {}}
+_state: dict = {"tmp": None, "examples": {}, "filter": None, "pool": None, "notebooks": {}, "clients": {},
+                "objects": {}}
 
 
 def _kill_kernels() -> None:
@@ -166,6 +170,7 @@ def _copy_notebook(src: Path, dest: Path) -> float:
 
 def on_config(config):
     _cleanup()
+    _state["objects"] = {}
     tmp = Path(tempfile.mkdtemp(prefix="smnngp-docs-"))
     _state["tmp"] = tmp
     _write_kernelspec(tmp / "jupyter")
@@ -257,6 +262,42 @@ def on_page_markdown(markdown, page, config, files):
             raise PluginError(f"docs/index.md lost its marker {README_MARKER!r}")
         markdown = markdown.replace(README_MARKER, _readme_commands())
     return markdown
+
+
+_OBJECT_ID = re.compile(r'\bid="([A-Za-z_][\w.]*)"')
+_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc):<code>~?([^<]+)</code>")
+
+
+def on_page_content(html, page, config, files):
+    # Collect the objects each page documents (mkdocstrings gives every one an anchor id "package.module.name");
+    # all pages are converted before any is written, so on_post_page sees the whole index.
+    for object_id in _OBJECT_ID.findall(html):
+        _state["objects"].setdefault(object_id, page.url)
+    return html
+
+
+def on_post_page(output, page, config):
+    """Turn the docstrings' Sphinx roles (``:func:`name` ``), which mkdocstrings leaves as text, into links.
+
+    A name resolves against the nearest documented object above it: ``fit`` inside ``finite.ard.fit_repeats``
+    tries ``finite.ard.fit_repeats.fit``, then ``finite.ard.fit``, then ``finite.fit``, then ``fit``; a name that
+    resolves nowhere keeps its code formatting without the role.
+    """
+    objects = _state["objects"]
+
+    def link(match: re.Match) -> str:
+        name = match.group(1).strip().removesuffix("()")
+        above = _OBJECT_ID.findall(output, 0, match.start())
+        parts = above[-1].split(".") if above else []
+        for k in range(len(parts), -1, -1):
+            target = ".".join(parts[:k] + [name])
+            if target in objects:
+                href = posixpath.relpath(objects[target] or ".", page.url or ".")
+                href = "" if href == "." else href.rstrip("/") + "/"
+                return f'<a href="{href}#{target}"><code>{name}</code></a>'
+        return f"<code>{name}</code>"
+
+    return _ROLE.sub(link, output)
 
 
 def on_env(env, config, files):

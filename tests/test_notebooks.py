@@ -5,6 +5,10 @@ fresh kernel with ``SMNNGP_FAST=1`` and the non-interactive Agg matplotlib backe
 The kernel is always this interpreter (``sys.executable``): a kernelspec pointing at
 it is written into a temporary directory, so the test works in a fresh virtual
 environment where no 'python3' kernelspec, or a foreign one, is installed.
+
+Marked ``slow``: the default run builds the documentation site (``tests/test_docs_site.py``), which executes the
+same notebooks in fast mode and fails on a cell that raises; this file runs them one per test, which is handy when
+one breaks: ``python -m pytest -m slow tests/test_notebooks.py``.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def _failing_cell(nb) -> tuple[int, str]:
     return -1, ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, kernel_dir: Path, tmp_path: Path):
     copy = tmp_path / path.name
