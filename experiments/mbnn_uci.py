@@ -285,8 +285,21 @@ def _finished(path, cfg) -> bool:
         return json.load(fh).get("settings") == json.loads(json.dumps(cfg))
 
 
+def _unfinished_note(ds: str, model: str, done: int, splits: int, seconds: float | None) -> str:
+    """One line of the report's list of unfinished (data set, model) cells, with why and what remains."""
+    name, width = _split_width(model)
+    head = f"- {ds} / {model}: {done} of {splits} splits finished"
+    if name == "bnn" and width is None:
+        return (head + "; the BNN at the paper's width is a GPU-scale job (about 100 PFLOP for the four sets), not "
+                "run on this CPU: a reduced-width cell (e.g. `--models bnn@100`) stands in for it here")
+    if seconds is not None:
+        return head + (f"; the remaining {splits - done} take about {(splits - done) * seconds / 3600:.1f} h of CPU at "
+                       f"this cell's measured {seconds:.0f} s per split (cells resume)")
+    return head + "; not run yet for lack of CPU time (`python -m experiments mbnn-uci` runs it; cells resume)"
+
+
 def _aggregate(out, s) -> Report:
-    rows, summary = [], {}
+    rows, summary, unfinished = [], {}, []
     for ds in s["datasets"]:
         for m in s["models"]:
             cfg, cells = _cfg(s, ds, m), []
@@ -295,6 +308,9 @@ def _aggregate(out, s) -> Report:
                 if _finished(p, cfg):
                     with open(p) as fh:
                         cells.append(json.load(fh))
+            if len(cells) < s["splits"]:
+                seconds = float(np.mean([c["wall_seconds"] for c in cells])) if cells else None
+                unfinished.append(_unfinished_note(ds, m, len(cells), s["splits"], seconds))
             if not cells:
                 continue
             entry = {"splits": len(cells)}
@@ -355,4 +371,7 @@ def _aggregate(out, s) -> Report:
         md += ["", "**Mixing warning**: the chains of " + ", ".join(stuck) + " did not mix after burn-in "
                "(acceptance below 0.2 or R-hat above 1.1): chains that disagree are not yet sampling one posterior, "
                "so the intervals above are not those of a converged posterior."]
-    return Report(results=dict(settings=s, summary=summary), markdown="\n".join(md))
+    if unfinished:
+        md += ["", "**Not finished** (each listed cell is missing from the table above or has fewer splits):",
+               *unfinished]
+    return Report(results=dict(settings=s, summary=summary, unfinished=unfinished), markdown="\n".join(md))

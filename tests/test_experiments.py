@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from _cli import ROOT
 from _cli import run_experiment as _run
@@ -164,6 +165,30 @@ def test_mbnn_uci_records_the_sampler_and_reduced_widths(tmp_path):
     assert "(0.675)" in report  # the paper's full-width BNN numbers sit beside the reduced one
     res = _run("mbnn-uci", "--quick", "--models", "bnn@x", "--out", str(tmp_path / "bad"))
     assert res.returncode != 0 and "bnn@x" in res.stderr
+
+
+def test_mbnn_uci_report_lists_every_unfinished_cell_with_why(tmp_path):
+    """The table is complete in the sense the issue asks: a (data set, model) without all its splits is listed with
+    the reason (CPU time with the remaining hours, or GPU scale for the full-width BNN)."""
+    from experiments import mbnn_uci
+
+    s = {"datasets": ["yacht"], "models": ["mbnn-0.1", "bnn", "bnn@100"], "splits": 3, "chains": 2, "width": 40,
+         "burnin": 4, "samples": 2, "thinning": 2, "leapfrog": 3, "n_mh": 1, "n_max": 3, "prior_scale": 1.0,
+         "step_scale": 0.5}
+    cfg = mbnn_uci._cfg(s, "yacht", "mbnn-0.1")
+    cell = {key: 1.0 for key in mbnn_uci.METRICS}
+    cell.update(active=[10.0, 5.0], wall_seconds=1800.0, settings=cfg,
+                diagnostics={"rhat_f": 1.05, "hmc_acceptance": 0.8})
+    path = Path(mbnn_uci._cell_path(tmp_path, "yacht", "mbnn-0.1", 0))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(cell))
+    report = mbnn_uci._aggregate(tmp_path, s)
+    notes = report.results["unfinished"]
+    assert len(notes) == 3, notes
+    assert "yacht / mbnn-0.1: 1 of 3 splits finished" in notes[0] and "1.0 h of CPU" in notes[0]
+    assert "GPU-scale" in notes[1] and "yacht / bnn:" in notes[1]
+    assert "yacht / bnn@100: 0 of 3" in notes[2] and "lack of CPU time" in notes[2]
+    assert "| yacht | mbnn-0.1 | 1 |" in report.markdown and "**Not finished**" in report.markdown
 
 
 def test_readme_masked_bnn_example_runs():
