@@ -500,17 +500,16 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
                  transfer_kappa: float = 100.0) -> MBNNSampler:
     """Build the sampler. ``step_size`` defaults to the authors' ``1e-2 / n`` (UCI).
 
-    step_scale: after burn-in the HMC step is this fraction of the dual-averaging result (1 = the authors').
-    Dual averaging settles at the leapfrog stability limit of the burn-in posterior (the acceptance curve is
-    a cliff there: targets 0.7 and 0.9 give the same step), and the posterior keeps sharpening after burn-in;
-    at the full adapted step the UCI chains stop moving within ~1,000 iterations (yacht: acceptance 0.7 -> 0.0,
-    divergent trajectories almost every iteration, R-hat 2.6), at half of it they keep acceptance 0.8-0.95.
-
-    refresh_every: iterations between updates of the ineffective weights (see the module docstring).
+    Why ``step_scale`` defaults to 0.5: dual averaging settles at the leapfrog stability limit of the burn-in
+    posterior (the acceptance curve is a cliff there: targets 0.7 and 0.9 give the same step), and the posterior
+    keeps sharpening after burn-in; at the full adapted step the UCI chains stop moving within ~1,000 iterations
+    (yacht: acceptance 0.7 -> 0.0, divergent trajectories almost every iteration, R-hat 2.6), at half of it they
+    keep acceptance 0.8-0.95.
 
     Args:
         model: the `MaskedBNN` posterior to sample.
         num_integration_steps: leapfrog steps per HMC trajectory (the NUTS kernel ignores it).
+        step_size: the initial HMC step (``None``: ``1e-2 / n``).
         n_mh: birth/death moves per iteration.
         n_max: the most nodes one birth/death move flips.
         birth: the selection proposal of birth moves (`samplers.masks.PROPOSALS`).
@@ -522,10 +521,13 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
         da_t0: the dual-averaging constant ``t0`` of the burn-in step size.
         da_kappa: the dual-averaging constant ``kappa`` of the burn-in step size.
         sigma2_init: the initial noise variance.
-
-    n_transfer: merge/split moves per iteration after the birth/death moves (`samplers.masks.transfer_move`: a
-    node switched off with its outgoing weights handed to the most similar node, and the inverse); 0, the
-    default, is the paper's sampler. transfer_kappa: how sharply the partner is chosen by activation similarity.
+        refresh_every: iterations between updates of the ineffective weights (see the module docstring).
+        step_scale: after burn-in the HMC step is this fraction of the dual-averaging result, in ``(0, 1]``
+            (1 = the authors'; why 0.5 above).
+        n_transfer: merge/split moves per iteration after the birth/death moves (`samplers.masks.transfer_move`: a
+            node switched off with its outgoing weights handed to the most similar node, and the inverse); 0, the
+            default, is the paper's sampler.
+        transfer_kappa: how sharply the merge/split partner is chosen by activation similarity (``>= 0``).
 
     Returns:
         An `MBNNSampler`.
