@@ -131,7 +131,7 @@ def test_mbnn_polynomial_quick(tmp_path):
     assert models2["bnn"]["crps"] == models["bnn"]["crps"]
 
 
-def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
+def test_mbnn_uci_quick(tmp_path):
     res = _run("mbnn-uci", "--quick", "--out", str(tmp_path / "uci"))
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "uci" / "results.json").read_text())["results"]["summary"]
@@ -142,6 +142,9 @@ def test_mbnn_uci_quick_and_ablation_quick(tmp_path):
         # a 95% interval of a Gaussian (mixture) is about 3.9 noise sds wide or wider
         assert 0 < 2 * entry["sigma_mean"] < entry["width_mean"], (name, entry)
     assert summary["yacht"]["mbnn-0.1"]["active"][0] < 40  # pruned from 40 active nodes
+
+
+def test_mbnn_ablation_quick(tmp_path):
     res = _run("mbnn-ablation", "--quick", "--out", str(tmp_path / "abl"))
     assert res.returncode == 0, res.stderr[-3000:]
     final = json.loads((tmp_path / "abl" / "results.json").read_text())["results"]["final_ratio"]
