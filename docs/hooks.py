@@ -42,6 +42,7 @@ directory until MkDocs copies them into the site; ``notebooks/`` stays output-fr
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -269,10 +270,11 @@ _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc):<code>~?([^<]+)<
 
 
 def on_page_content(html, page, config, files):
-    # Collect the objects each page documents (mkdocstrings gives every one an anchor id "package.module.name");
-    # all pages are converted before any is written, so on_post_page sees the whole index.
-    for object_id in _OBJECT_ID.findall(html):
-        _state["objects"].setdefault(object_id, page.url)
+    # Collect the objects the API pages document (mkdocstrings gives every one an anchor id
+    # "package.module.name"); all pages are converted before any is written, so on_post_page sees the whole index.
+    if page.url.startswith("api/"):
+        for object_id in _OBJECT_ID.findall(html):
+            _state["objects"].setdefault(object_id, page.url)
     return html
 
 
@@ -284,11 +286,13 @@ def on_post_page(output, page, config):
     resolves nowhere keeps its code formatting without the role.
     """
     objects = _state["objects"]
+    anchors = [(m.start(), m.group(1)) for m in _OBJECT_ID.finditer(output)]  # one pass; bisected per role
+    starts = [pos for pos, _ in anchors]
 
     def link(match: re.Match) -> str:
         name = match.group(1).strip().removesuffix("()")
-        above = _OBJECT_ID.findall(output, 0, match.start())
-        parts = above[-1].split(".") if above else []
+        i = bisect.bisect_left(starts, match.start())
+        parts = anchors[i - 1][1].split(".") if i else []
         for k in range(len(parts), -1, -1):
             target = ".".join(parts[:k] + [name])
             if target in objects:

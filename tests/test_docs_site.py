@@ -40,7 +40,8 @@ def site(tmp_path_factory) -> Path:
             cwd=REPO, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as err:
-        tail = (err.stdout or "")[-4000:] if isinstance(err.stdout, str) else ""
+        out_so_far = err.stdout or ""  # bytes on some Pythons even with text=True
+        tail = (out_so_far.decode(errors="replace") if isinstance(out_so_far, bytes) else out_so_far)[-4000:]
         pytest.fail(f"the docs build ran past {BUILD_TIMEOUT_S} s\n{tail}", pytrace=False)
     if proc.returncode != 0:
         log = (proc.stdout + proc.stderr)[-8000:]
