@@ -92,20 +92,20 @@ def test_quickstart_quick_writes_results(tmp_path):
     assert (tmp_path / "heavy_tailed_bands.png").stat().st_size > 1000
 
 
-def test_uci_regression_quick_two_sets_two_splits(tmp_path):
+def test_uci_regression_quick_two_protocols_two_splits(tmp_path):
     res = _run("uci-regression", "--quick", "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     payload = json.loads((tmp_path / "results.json").read_text())
     summary = payload["results"]["summary"]
     assert set(summary) == {"standard", "paper"}
     for protocol in summary.values():
-        assert set(protocol) == {"yacht", "boston"}
+        assert set(protocol) == {"yacht"}
         for ds, entry in protocol.items():
             for model in ("gaussian", "student_t", "burr12"):
                 nll, rmse = entry[model]["nll"][0], entry[model]["rmse"][0]
                 assert entry[model]["runs"] == 2 and math.isfinite(nll)
-                # target std: yacht ~15, boston ~9; a working model is far better than predicting the mean
-                assert rmse < 6.0, (ds, model, rmse)
+                # yacht's target std is ~15: a working model is far better than predicting the mean
+                assert rmse < 3.0, (ds, model, rmse)
     # resumable: a rerun reads the finished runs instead of recomputing them
     again = _run("uci-regression", "--quick", "--out", str(tmp_path))
     assert again.returncode == 0 and "wrote" in again.stdout
@@ -148,7 +148,10 @@ def test_mbnn_ablation_quick(tmp_path):
     res = _run("mbnn-ablation", "--quick", "--out", str(tmp_path / "abl"))
     assert res.returncode == 0, res.stderr[-3000:]
     final = json.loads((tmp_path / "abl" / "results.json").read_text())["results"]["final_ratio"]
-    assert len(final) == 9 and all(0 < r <= 1.1 for r in final.values())
+    # quick mode: a Latin square of pairs, the paper's among them; each proposal births once and kills once
+    pairs = [name.split("-") for name in final]
+    assert len(pairs) == 3 and ["uniform", "sensitivity"] in pairs and all(0 < r <= 1.1 for r in final.values())
+    assert sorted(b for b, _ in pairs) == sorted(d for _, d in pairs) == ["informed", "sensitivity", "uniform"]
     assert (tmp_path / "abl" / "proposal_ablation.png").stat().st_size > 1000
 
 
