@@ -79,7 +79,10 @@ from samplers.hmc import hmc_step, step_size_adaptation
 from samplers.hmc import pool_min_step as pool_min_da
 from samplers.masks import check_proposals, mask_move, transfer_move
 
-__all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "sample", "SampleResult", "diagnostics"]
+__all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "sample", "SampleResult", "diagnostics",
+           "COMPACT_MIN_WIDTH"]
+
+COMPACT_MIN_WIDTH = 128  # `sample(compact=None)` compacts networks whose widest hidden layer has this many nodes
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -591,7 +594,7 @@ def _to_host(tree):
 
 
 def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 400, num_samples: int = 20,
-           thinning: int = 200, functions: dict[str, Callable] | None = None, compact: bool = True,
+           thinning: int = 200, functions: dict[str, Callable] | None = None, compact: bool | None = None,
            checkpoint: str | None = None, checkpoint_every: float = 60.0, progress: bool = True,
            init_state: MBNNState | None = None, restart_adaptation: bool = True, chunk: int = 16,
            pool_step: str | None = None) -> SampleResult:
@@ -600,6 +603,10 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     functions: ``name -> fn(params, masks, sigma2, buckets)`` evaluated per chain at every kept draw (e.g. test
     predictions); their outputs are stacked into ``draws[name]``, with ``sigma2`` and ``active`` always kept.
     compact: run the compacted computation with power-of-two buckets (results equal the full-width run).
+        ``None`` (default): compact when the widest hidden layer has at least `COMPACT_MIN_WIDTH` nodes. Each
+        bucket is its own compiled program (about 10 s each on a CPU core), which a narrow network does not earn
+        back: a width-40 UCI run takes 54 s compacted and 13 s at full width, while at width 1,000 compaction
+        is what makes the sampler affordable (``benchmarks/masked.py``).
     restart_adaptation: restart the step-size dual averaging halfway through burn-in from the current step
     (a second adaptation window, as Stan's windowed adaptation does); ``False`` is the authors' single window.
     checkpoint: a file path; the run state is saved there every ``checkpoint_every`` seconds and at the end, and
@@ -638,6 +645,8 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     functions = dict(functions or {})
     total = num_burnin + num_samples * thinning
     widths = sampler.model.net.widths
+    if compact is None:
+        compact = max(widths) >= COMPACT_MIN_WIDTH
     config = _config(sampler, num_chains, num_burnin, num_samples, thinning, sorted(functions), pool_step)
     done, seconds = 0, 0.0
     draws = {k: [] for k in ["sigma2", "active", *functions]}

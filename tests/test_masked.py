@@ -283,9 +283,29 @@ def test_chunk_program_equals_single_steps_and_stops_at_overflow(monkeypatch):
 
     monkeypatch.setattr(type(sampler), "step_chains", counting)
     res = sample(sampler, jax.random.PRNGKey(1), num_chains=2, num_burnin=4, num_samples=2, thinning=3,
-                 progress=False, chunk=5)
+                 progress=False, chunk=5, compact=True)  # this narrow net is compacted only when asked to
     assert res.iterations == 10 and redo["n"] > 0 and not res.traces["overflow"].any()
     assert res.draws["sigma2"].shape == (2, 2)
+
+
+@pytest.mark.parametrize("min_width, compacted", [(128, False), (24, True)])
+def test_sample_compacts_by_default_only_wide_networks(monkeypatch, min_width, compacted):
+    """``compact=None`` compacts when the widest layer reaches `COMPACT_MIN_WIDTH` (each bucket costs a compile)."""
+    import samplers.mbnn as mbnn
+
+    calls = {"n": 0}
+    original = mbnn.bucket_sizes
+
+    def counting(*a, **k):
+        calls["n"] += 1
+        return original(*a, **k)
+
+    monkeypatch.setattr(mbnn, "bucket_sizes", counting)
+    monkeypatch.setattr(mbnn, "COMPACT_MIN_WIDTH", min_width)
+    model = _poly_model()  # widest layer: 24 nodes
+    res = sample(mbnn_sampler(model, num_integration_steps=2, n_mh=1), jax.random.PRNGKey(0), num_chains=1,
+                 num_burnin=2, num_samples=1, thinning=1, progress=False)
+    assert (calls["n"] > 0) is compacted and res.iterations == 3
 
 
 @pytest.mark.parametrize("chunk, interrupt_at", [(1, 6), (16, 2)])
