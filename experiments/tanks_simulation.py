@@ -282,7 +282,7 @@ def run(args) -> Report:
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     if args.quick:
         args.repeats, args.lams, args.groups, args.rounds, args.epochs = 2, [1e-3], ["row+column"], 2, 40
-        args.finetune_epochs, args.laplace_draws = 5, 10
+        args.finetune_epochs, args.laplace_draws = 5, 4
         args.hmc_chains, args.hmc_warmup, args.hmc_samples = 1, 10, 5
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, flush=True))
     split = tanks.split(args.validation, LAG)
@@ -418,7 +418,8 @@ def _markdown(args, summary, unc, hmc) -> str:
            markdown_table(["posterior", "sampled: coverage", "sampled: mean width", "sampled: RMSE of the mean run",
                            "sampled: diverged", "linearised: coverage", "linearised: mean width"], rows)]
     if hmc:
-        d = hmc["diagnostics"]
+        # R-hat / ESS are None where a run has too few draws for them: printed as nan, not a crash
+        d = {k: float("nan") if v is None else v for k, v in hmc["diagnostics"].items()}
         md += ["", f"HMC (NUTS, {args.hmc_chains} chains x {args.hmc_samples} draws after {args.hmc_warmup} warm-up, "
                f"group-ARD `{hmc['group']}` with InvGamma(1, 0.01) hyper-priors, {hmc['seconds']:.0f} s): 95 % band "
                f"covers {100 * hmc['coverage']:.1f} % (mean width {hmc['mpiw']:.3f}); RMSE of the mean free run "
