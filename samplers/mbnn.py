@@ -330,6 +330,7 @@ class MBNNSampler:
         overflow = jnp.any(counts(masks) > capacity)
         # gradient-weighted births need d l / d m_j at inactive nodes: only the full-width pass has them
         mbuckets = None if self.birth != "uniform" else buckets
+        ll_moves = None  # the log-likelihood at the masks the birth/death moves end on
         if model.masked and self.n_mh > 0:
 
             def value_and_grad(ms):
@@ -346,7 +347,7 @@ class MBNNSampler:
                 a = info.accepted.astype(jnp.int32)
                 return (ms, ll, gs, na + a, nb + a * (~info.death), nd + a * info.death, ov), None
 
-            (masks, _, _, n_acc, births, deaths, overflow), _ = jax.lax.scan(
+            (masks, ll_moves, _, n_acc, births, deaths, overflow), _ = jax.lax.scan(
                 one_move, (masks, ll, grads, n_acc, births, deaths, overflow), jax.random.split(k_mask, self.n_mh))
             overflow = overflow | jnp.any(counts(masks) > capacity)
 
@@ -365,7 +366,8 @@ class MBNNSampler:
                 return (prm, ms, ll, nm + a * (~tinfo.split), ns + a * tinfo.split, ov), None
 
             (params, masks, _, merges, splits, overflow), _ = jax.lax.scan(
-                one_transfer, (params, masks, value(params, masks), merges, splits, overflow),
+                one_transfer, (params, masks, value(params, masks) if ll_moves is None else ll_moves, merges,
+                               splits, overflow),
                 jax.random.split(jax.random.fold_in(k_mask, 1), self.n_transfer))
             overflow = overflow | jnp.any(counts(masks) > capacity)
 
