@@ -271,7 +271,7 @@ def run(args) -> Report:
                 start = time.perf_counter()
                 cell = run_split(data, k, m, dataset_settings(s, ds, m), seed=1000 * args.seed + k,
                                  checkpoint=path + ".chk.pkl")
-                cell.update(settings=_cfg(s, ds, m), wall_seconds=time.perf_counter() - start)
+                cell.update(settings=_cfg(s, ds, m), wall_seconds=time.perf_counter() - start, device=_device())
                 write_json_atomic(path, cell)
                 if os.path.exists(path + ".chk.pkl"):
                     os.remove(path + ".chk.pkl")
@@ -285,13 +285,28 @@ def _finished(path, cfg) -> bool:
         return json.load(fh).get("settings") == json.loads(json.dumps(cfg))
 
 
-def _unfinished_note(ds: str, model: str, done: int, splits: int, seconds: float | None) -> str:
+def _device() -> str:
+    """What ran a cell: ``"cpu"`` or the accelerator's name (e.g. ``"NVIDIA H200"``), recorded with its time."""
+    import jax
+
+    d = jax.devices()[0]
+    return "cpu" if d.platform == "cpu" else str(d.device_kind)
+
+
+def _cells_device(cells) -> str:
+    """The device(s) a row's cells ran on; cells written before devices were recorded ran on this CPU."""
+    return ", ".join(sorted({c.get("device", "cpu") for c in cells})) if cells else "cpu"
+
+
+def _unfinished_note(ds: str, model: str, done: int, splits: int, seconds: float | None, device: str = "cpu") -> str:
     """One line of the report's list of unfinished (data set, model) cells, with why and what remains."""
     name, width = _split_width(model)
     head = f"- {ds} / {model}: {done} of {splits} splits finished"
     if name == "bnn" and width is None:
-        return (head + "; the BNN at the paper's width is a GPU-scale job (about 100 PFLOP for the four sets), not "
-                "run on this CPU: a reduced-width cell (e.g. `--models bnn@100`) stands in for it here")
+        ran = (f" ({device}, {seconds:.0f} s per split)" if device != "cpu" and seconds is not None else "")
+        return (head + ran + "; the BNN at the paper's width is a GPU-scale job (about 100 PFLOP for the four sets), "
+                "not run on this CPU: the remaining splits need an accelerator (`bash scripts/run_bnn_gpu.sh`, or "
+                "`--models bnn` with the `cuda` extra), and a reduced-width cell (`--models bnn@100`) stands beside it")
     if seconds is not None:
         return head + (f"; the remaining {splits - done} take about {(splits - done) * seconds / 3600:.1f} h of CPU at "
                        f"this cell's measured {seconds:.0f} s per split (cells resume)")
@@ -310,7 +325,7 @@ def _aggregate(out, s) -> Report:
                         cells.append(json.load(fh))
             if len(cells) < s["splits"]:
                 seconds = float(np.mean([c["wall_seconds"] for c in cells])) if cells else None
-                unfinished.append(_unfinished_note(ds, m, len(cells), s["splits"], seconds))
+                unfinished.append(_unfinished_note(ds, m, len(cells), s["splits"], seconds, _cells_device(cells)))
             if not cells:
                 continue
             entry = {"splits": len(cells)}
@@ -331,6 +346,7 @@ def _aggregate(out, s) -> Report:
             act = np.mean([c["active"] for c in cells], axis=0)
             entry["active"] = act.tolist()
             entry["seconds_per_split"] = float(np.mean([c["wall_seconds"] for c in cells]))
+            entry["device"] = _cells_device(cells)
             spread = [c for c in cells if "sigma_mean" in c]  # cells of older runs lack the two fields
             for key in ("sigma_mean", "width_mean"):
                 entry[key] = float(np.mean([c[key] for c in spread])) if spread else float("nan")
@@ -340,7 +356,8 @@ def _aggregate(out, s) -> Report:
             row += [f"({act[0]:.0f}, {act[1]:.0f})" + (f" ({paper[4][0]}, {paper[4][1]})" if paper else ""),
                     (f"{entry['sigma_mean']:.3g} / {entry['width_mean']:.3g}"
                      + (f" ({len(spread)} of {len(cells)})" if len(spread) < len(cells) else "")) if spread else "-",
-                    f"{entry['hmc_acceptance']:.2f}", f"{entry['rhat_f_max']:.2f}", f"{entry['seconds_per_split']:.0f}"]
+                    f"{entry['hmc_acceptance']:.2f}", f"{entry['rhat_f_max']:.2f}",
+                    f"{entry['seconds_per_split']:.0f}" + ("" if entry["device"] == "cpu" else f" ({entry['device']})")]
             rows.append(row)
             summary.setdefault(ds, {})[m] = entry
     head = ["data set", "model", "splits", "coverage (paper)", "RMSE (paper)", "NLL (paper)", "CRPS (paper)",
@@ -352,7 +369,7 @@ def _aggregate(out, s) -> Report:
           "standard error for some coverage cells, counted as 0). 'sigma / 95% width': posterior mean of the noise "
           "sd and mean width of the 95% predictive intervals, in the target's units (the paper reports neither). "
           "A model named MODEL@W ran at width W (a reduced scale); the paper's numbers beside it are those of its "
-          "full-width model.",
+          "full-width model. 's / split': wall seconds on this 2-core CPU, or on the accelerator named beside it.",
           f"Settings: {s['chains']} chains per split, width {s['width']} (mBNN physical "
           f"{int(round(1.1 * s['width']))}), burn-in {s['burnin']}, {s['samples']} draws every {s['thinning']} "
           f"iterations, {s['leapfrog']} leapfrog steps (after burn-in at {s['step_scale']} x the adapted step), "

@@ -164,7 +164,7 @@ def test_mbnn_uci_records_the_sampler_and_reduced_widths(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     mb = json.loads((out / "cells" / "yacht" / "mbnn-0.1" / "split00.json").read_text())
     bnn = json.loads((out / "cells" / "yacht" / "bnn@12" / "split00.json").read_text())
-    assert mb["settings"]["n_transfer"] == 2 and mb["settings"]["width"] == 40
+    assert mb["settings"]["n_transfer"] == 2 and mb["settings"]["width"] == 40 and mb["device"] == "cpu"
     assert bnn["settings"]["width"] == 12 and bnn["active"] == [12.0, 12.0]
     report = (out / "results.md").read_text()
     assert "2 merge/split moves" in report and "| yacht | bnn@12 | 1 |" in report
@@ -187,14 +187,21 @@ def test_mbnn_uci_report_lists_every_unfinished_cell_with_why(tmp_path):
                 diagnostics={"rhat_f": 1.05, "hmc_acceptance": 0.8})
     path = Path(mbnn_uci._cell_path(tmp_path, "yacht", "mbnn-0.1", 0))
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(cell))
+    path.write_text(json.dumps(cell))  # written before cells recorded their device: this CPU
+    gpu = dict(cell, settings=mbnn_uci._cfg(s, "yacht", "bnn"), wall_seconds=60.0, device="NVIDIA H200")
+    path = Path(mbnn_uci._cell_path(tmp_path, "yacht", "bnn", 0))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(gpu))
     report = mbnn_uci._aggregate(tmp_path, s)
     notes = report.results["unfinished"]
     assert len(notes) == 3, notes
     assert "yacht / mbnn-0.1: 1 of 3 splits finished" in notes[0] and "1.0 h of CPU" in notes[0]
-    assert "GPU-scale" in notes[1] and "yacht / bnn:" in notes[1]
+    assert "GPU-scale" in notes[1] and "yacht / bnn: 1 of 3 splits finished (NVIDIA H200, 60 s per split)" in notes[1]
+    assert "scripts/run_bnn_gpu.sh" in notes[1]
     assert "yacht / bnn@100: 0 of 3" in notes[2] and "lack of CPU time" in notes[2]
     assert "| yacht | mbnn-0.1 | 1 |" in report.markdown and "**Not finished**" in report.markdown
+    # the time column says where a row ran: nothing added for this CPU, the accelerator's name otherwise
+    assert "| 1800 |" in report.markdown and "| 60 (NVIDIA H200) |" in report.markdown
 
 
 def test_readme_masked_bnn_example_runs():
