@@ -366,6 +366,7 @@ def _summary(args, results, y_test) -> dict:
 
 
 def _markdown(args, summary, unc, hmc) -> str:
+    hmc = _nan_scalars(hmc) if hmc else hmc  # a band of only diverged free runs has no coverage
     names = {"ours": "Sparse Bayesian (Algorithm 1)", "conventional": "Conventional group lasso",
              "none": "No regularisation"}
 
@@ -418,8 +419,7 @@ def _markdown(args, summary, unc, hmc) -> str:
            markdown_table(["posterior", "sampled: coverage", "sampled: mean width", "sampled: RMSE of the mean run",
                            "sampled: diverged", "linearised: coverage", "linearised: mean width"], rows)]
     if hmc:
-        # R-hat / ESS are None where a run has too few draws for them: printed as nan, not a crash
-        d = {k: float("nan") if v is None else v for k, v in hmc["diagnostics"].items()}
+        d = _nan_scalars(hmc["diagnostics"])  # e.g. R-hat of a run too short for it
         md += ["", f"HMC (NUTS, {args.hmc_chains} chains x {args.hmc_samples} draws after {args.hmc_warmup} warm-up, "
                f"group-ARD `{hmc['group']}` with InvGamma(1, 0.01) hyper-priors, {hmc['seconds']:.0f} s): 95 % band "
                f"covers {100 * hmc['coverage']:.1f} % (mean width {hmc['mpiw']:.3f}); RMSE of the mean free run "

@@ -55,3 +55,22 @@ def test_tanks_onestep_quick(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "2.23%" in md and "0.0472" in md  # the paper's Table 2 and best RMSE beside ours
     assert (tmp_path / "tanks_onestep.png").exists()
+
+
+def test_tanks_simulation_report_prints_nan_for_missing_numbers():
+    """Stored cells hold null for NaN: a short HMC run without R-hat, or a band whose free runs all diverged, is
+    reported as nan, not a crash (a 3-draw quick run once raised TypeError here)."""
+    from types import SimpleNamespace
+
+    from experiments import tanks_simulation as ts
+
+    args = SimpleNamespace(seed=0, quick=True, repeats=2, rounds=2, epochs=40, hessian="exact", groups=["row"],
+                           lams=[1e-3], validation=256, hmc_chains=1, hmc_samples=3, hmc_warmup=6)
+    band = {"coverage": None, "mpiw": None, "rmse_of_mean": None, "diverged": 4, "draws_total": 4,
+            "linearised": {"coverage": 0.5, "mpiw": 1.0}}
+    unc = {"bands": {key: band for key in ts.LAPLACE_BANDS}, "draws": 4}
+    hmc = {"coverage": None, "mpiw": None, "rmse_of_mean": None, "rmse_per_draw_median": None, "diverged": 3,
+           "draws_total": 3, "fraction_remaining": 1.0, "seconds": 15.0, "group": "row",
+           "diagnostics": {"acceptance": 0.0, "divergences": 3, "rhat_params": None}}
+    md = ts._markdown(args, {}, unc, hmc)
+    assert "4 of 4" in md and "3 of 3 free runs diverged" in md and "max R-hat of the weights nan" in md
