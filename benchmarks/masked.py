@@ -16,6 +16,9 @@ one Gibbs draw per iteration; the step compiled before timing):
 * ``compact``: the same sparse state with compaction (power-of-two buckets).
 
 Ratio printed: ``full_sparse / compact`` (target >= 10) and ``full / compact``.
+Then the narrow case behind ``sample(compact=None)``'s threshold (``COMPACT_MIN_WIDTH``): a whole width-40
+run with the ``mbnn-uci --quick`` schedule (2 chains, 120 burn-in iterations, 5 draws every 4), wall time
+with compilation, compacted against full width (``--narrow-only`` runs just this case).
 Then, unless ``--no-split``, the wall time of one Boston split end to end
 with the paper's schedule (mBNN lambda = 0.1: 400 burn-in iterations, 20 draws
 every 200, 4,400 iterations; the first split compiles, the second reuses the
@@ -52,11 +55,32 @@ def _iteration_time(sampler, state, buckets, reps):
     return best
 
 
+def _narrow_run_seconds(x, y):
+    """Wall seconds, compilation included, of a width-40 run compacted and at full width (same draws)."""
+    import jax
+    import numpy as np
+
+    from finite.masked import masked_mlp
+    from samplers.mbnn import MaskedBNN, mbnn_sampler, sample
+
+    net = masked_mlp(x.shape[1], (44, 44), (40, 40))
+    model = MaskedBNN(net, x, y, prior_scale=1.0, lam=0.1, sigma2_prior=(1.0, float(np.std(y))))
+    out = {}
+    for name, compact in (("narrow_compact", True), ("narrow_full", False)):
+        t = time.perf_counter()
+        res = sample(mbnn_sampler(model), jax.random.PRNGKey(3), num_chains=2, num_burnin=120, num_samples=5,
+                     thinning=4, compact=compact, progress=False)
+        jax.block_until_ready(res.draws["sigma2"])
+        out[name] = time.perf_counter() - t
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-split", action="store_true", help="skip the end-to-end UCI split")
     ap.add_argument("--quick", action="store_true", help="smoke test: widths (220, 220), no split")
+    ap.add_argument("--narrow-only", action="store_true", help="only the width-40 compacted / full-width case")
     ap.add_argument("--chunk", type=int, default=16,
                     help="iterations per compiled program in the end-to-end split (1 = one call per iteration)")
     args = ap.parse_args(argv)
@@ -74,6 +98,13 @@ def main(argv=None):
     n, d = 455, 13
     x = rng.uniform(0, 1, (n, d))
     y = 5 * np.sin(x @ rng.normal(size=d)) + rng.normal(size=n)
+    if args.narrow_only:
+        narrow = _narrow_run_seconds(x, y)
+        _print_narrow(narrow)
+        out = dict(commit=git_commit(str(ROOT)), machine=platform.machine(), cpus=os.cpu_count(),
+                   jax=jax.__version__, n=n, seconds=narrow)
+        _write(out, "masked-narrow.json")
+        return
     net = masked_mlp(d, (phys, phys), (act, act))
     model = MaskedBNN(net, x, y, prior_scale=1.0, lam=0.1, sigma2_prior=(1.0, float(np.std(y))))
     sampler = mbnn_sampler(model)
@@ -95,6 +126,9 @@ def main(argv=None):
     print(f"ratio full-width / compacted at the same sparsity: {out['ratio_full_sparse_over_compact']:.1f}x "
           f"(target >= 10)")
     print(f"ratio dense (1000 active) / compacted sparse     : {out['ratio_full_over_compact']:.1f}x")
+    if not args.quick:
+        times.update(_narrow_run_seconds(x, y))
+        _print_narrow(times)
     if not (args.no_split or args.quick):
         from experiments import mbnn_uci
         from experiments.data import load_uci
@@ -122,6 +156,17 @@ def main(argv=None):
               f"BNN {proj_bnn / 3600:.1f} h (target: both within 3 h)")
     name = "masked.json" if args.chunk == 16 else f"masked-chunk{args.chunk}.json"
     name = "masked-quick.json" if args.quick else name
+    _write(out, name)
+
+
+def _print_narrow(times):
+    print(f"width-40 run with compilation, compacted : {times['narrow_compact']:6.1f} s")
+    print(f"width-40 run with compilation, full width: {times['narrow_full']:6.1f} s "
+          f"(compacted / full width {times['narrow_compact'] / times['narrow_full']:.1f}x: why sample(compact=None) "
+          f"keeps narrow networks at full width)")
+
+
+def _write(out, name):
     path = ROOT / "benchmarks" / "results" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))

@@ -607,8 +607,9 @@ def sample(sampler: MBNNSampler, key, *, num_chains: int = 4, num_burnin: int = 
     compact: run the compacted computation with power-of-two buckets (results equal the full-width run).
         ``None`` (default): compact when the widest hidden layer has at least `COMPACT_MIN_WIDTH` nodes. Each
         bucket is its own compiled program (about 10 s each on a CPU core), which a narrow network does not earn
-        back: a width-40 UCI run takes 54 s compacted and 13 s at full width, while at width 1,000 compaction
-        is what makes the sampler affordable (``benchmarks/masked.py``).
+        back: a width-40 run of the ``mbnn-uci --quick`` schedule takes 19.6 s compacted and 1.4 s at full width
+        on a 2-core CPU (``python benchmarks/masked.py --narrow-only``), while at width 1,000 compaction is what
+        makes the sampler affordable (``python benchmarks/masked.py``).
     restart_adaptation: restart the step-size dual averaging halfway through burn-in from the current step
     (a second adaptation window, as Stan's windowed adaptation does); ``False`` is the authors' single window.
     checkpoint: a file path; the run state is saved there every ``checkpoint_every`` seconds and at the end, and
