@@ -241,6 +241,28 @@ def test_diagnostics_on_iid_ar1_and_shifted_chains():
     assert d["rhat_a"] > 1.3 and d["rhat_b"] < 1.01 and d["ess_bulk_b"] > 3000
 
 
+def test_rhat_reference_matches_direct_simulation_and_its_limits():
+    """The yardstick equals a direct simulation of independent draws (another seed, no resampling), grows with
+    the number of entries and groups, shrinks towards 1 with more draws, and reproduces the docstring's numbers."""
+    rng = np.random.default_rng(123)
+    direct = [max(np.nanmax(driver.split_rhat(rng.normal(size=(4, 20, 10)))) for _ in range(3)) for _ in range(600)]
+    med, q95 = driver.rhat_reference(4, 20, 10, groups=3)
+    assert med == pytest.approx(np.median(direct), abs=0.01)
+    assert q95 == pytest.approx(np.quantile(direct, 0.95), abs=0.02)
+    assert driver.rhat_reference(4, 20, 1)[0] < driver.rhat_reference(4, 20, 50)[0]
+    assert driver.rhat_reference(4, 20, 5)[0] < driver.rhat_reference(4, 20, 5, groups=20)[0]
+    assert driver.rhat_reference(4, 400, 1)[1] < 1.02
+    # 4 chains x 20 draws, yacht's 31 test points, 20 splits: above 1.1; with 40 draws per chain below it
+    assert driver.rhat_reference(4, 20, 31, groups=20)[0] > 1.1
+    assert driver.rhat_reference(4, 40, 31, groups=20)[0] < 1.1
+    for kwargs, what in ((dict(chains=4, draws=3, entries=5), "draws"), (dict(chains=0, draws=20, entries=5),
+                         "chains"), (dict(chains=4, draws=20, entries=0), "entries"),
+                         (dict(chains=4, draws=20, entries=5, q=1.0), "q"),
+                         (dict(chains=4, draws=20.5, entries=5), "draws")):
+        with pytest.raises(ValueError, match=what):
+            driver.rhat_reference(**kwargs)
+
+
 def test_split_rhat_hand_computed():
     """Two chains (0 1 2 3) and (4 5 6 7): split halves (0 1) (2 3) (4 5) (6 7), ranks 1..8; the folded draws
     |x - 3.5| = (3.5 2.5) (1.5 .5) (.5 1.5) (2.5 3.5) have tied ranks (7.5 5.5) (3.5 1.5) (1.5 3.5) (5.5 7.5)."""

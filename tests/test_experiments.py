@@ -252,6 +252,37 @@ def test_mbnn_uci_table_flags_chains_that_did_not_mix(tmp_path):
     assert "yacht/mbnn-0.1 (HMC acceptance 0.04, max R-hat 2.60)" in warning and "yacht/bnn" not in warning
 
 
+def test_mbnn_uci_rhat_is_judged_against_independent_draws(tmp_path):
+    """With 20 draws per chain, a max R-hat of 1.15 over 31 test points and 20 splits is what independent draws
+    give (not flagged, the reference shown beside it); 1.5 is flagged. Cells without n_test get no reference."""
+    from experiments import mbnn_uci
+    from experiments.__main__ import build_parser
+
+    args = build_parser().parse_args(["mbnn-uci", "--aggregate-only", "--datasets", "yacht", "--models",
+                                      "mbnn-0.1,mbnn-0.125,bnn", "--out", str(tmp_path)])
+    s = mbnn_uci.settings(args)
+    for model, rhat, n_test in (("mbnn-0.1", 1.15, 31), ("mbnn-0.125", 1.5, 31), ("bnn", 1.15, None)):
+        cfg = mbnn_uci._cfg(s, "yacht", model)
+        for k in range(20):
+            path = mbnn_uci._cell_path(str(tmp_path), "yacht", model, k)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            cell = dict(coverage=0.95, rmse=0.6, nll=0.9, crps=0.3, active=[100, 80], settings=cfg, wall_seconds=1.0,
+                        diagnostics=dict(hmc_acceptance=0.8, rhat_f=rhat if k == 3 else 1.05))
+            if n_test:
+                cell["n_test"] = n_test
+            with open(path, "w") as fh:
+                json.dump(cell, fh)
+    rep = mbnn_uci.run(args)
+    yacht = rep.results["summary"]["yacht"]
+    assert 1.1 < yacht["mbnn-0.1"]["rhat_f_iid"] < yacht["mbnn-0.1"]["rhat_f_iid_q95"] < 1.3
+    assert math.isnan(yacht["bnn"]["rhat_f_iid"])
+    md = rep.markdown
+    assert f"| 1.15 ({yacht['mbnn-0.1']['rhat_f_iid']:.2f}) |" in md and "| 1.15 | 1 |" in md
+    warning = md[md.index("Mixing warning"):]
+    assert "yacht/mbnn-0.125" in warning and "yacht/mbnn-0.1 " not in warning
+    assert "yacht/bnn" in warning  # no reference: the conventional 1.1
+
+
 def test_mbnn_uci_per_dataset_sampler_settings():
     """Energy's sampler runs with pooled post-burn-in steps; NS-VI cells and the other data sets keep the global
     settings (so their finished cells still count), and an explicit --pool-step applies everywhere."""
