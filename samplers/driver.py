@@ -189,7 +189,8 @@ def rhat_reference(chains: int, draws: int, entries: int, groups: int = 1, q: fl
     over ``groups`` is drawn from those by resampling ``groups`` of them. Deterministic given ``seed``.
 
     Args:
-        chains, draws: chains per run and kept draws per chain (at least 1 and 4).
+        chains: chains per run (at least 1).
+        draws: kept draws per chain (at least 4).
         entries: quantities per run whose largest R-hat is taken (at least 1).
         groups: runs whose largest R-hat is taken (at least 1).
         q: the upper quantile returned beside the median, in (0, 1).
