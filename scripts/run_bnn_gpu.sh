@@ -3,6 +3,8 @@
 #
 #   bash scripts/run_bnn_gpu.sh [SECONDS]      (DATASETS=energy,concrete SPLITS=4 to choose; defaults below)
 #
+# MODELS=mbnn-0.075,mbnn-0.125 runs other `mbnn-uci` models the same way (default: bnn, the full-width BNN).
+#
 # It expects, in the repository root (`.gpu/` is ignored by git, so prepare it on the machine you send from):
 #   .gpu/whl/   wheels of what the machine lacks (e.g. `pip download --no-deps blackjax==1.7.1 -d .gpu/whl`);
 #   .gpu/data/  a mirror of the data directory (`.gpu/data/uci/yacht/...`, as under $SMNNGP_DATA_DIR);
@@ -20,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 python3 -c "import jax, blackjax, samplers.mbnn, experiments.mbnn_uci; print('jax', jax.__version__, 'blackjax',
 blackjax.__version__, jax.devices())" || exit 4
 mkdir -p /tmp/gpu && cp -r .gpu/prev/cells /tmp/gpu/ 2>/dev/null
-timeout "$LIMIT" python3 -m experiments mbnn-uci --datasets "${DATASETS:-yacht,boston,energy,concrete}" --models bnn \
+timeout "$LIMIT" python3 -m experiments mbnn-uci --datasets "${DATASETS:-yacht,boston,energy,concrete}" --models "${MODELS:-bnn}" \
     --splits "${SPLITS:-4}" --out /tmp/gpu > "$OUT/log.txt" 2>&1
 echo "exit $? (124: stopped at the time limit; finished splits are kept)"
 tr '\r' '\n' < "$OUT/log.txt" | grep -v "it/s\]$" | grep -v "^\s*$" | tail -25
