@@ -394,8 +394,9 @@ def _aggregate(out, s) -> Report:
           "full-width model. 's / split': wall seconds on this 2-core CPU, or on the accelerator named beside it. "
           "'max R-hat f (iid)': the largest split R-hat of the test predictions over test points and splits; in "
           "parentheses the median of the same largest R-hat for exactly independent draws of the same size "
-          "(chains, draws, test points, splits; samplers.driver.rhat_reference), what a perfect sampler would "
-          "typically show: with 20 draws per chain it is above 1.1.",
+          "(chains, draws, test points, splits; samplers.driver.rhat_reference), taking the test points as "
+          "independent: the upper end of what exact sampling shows (correlated test points give less), and above "
+          "1.1 at 20 draws per chain.",
           f"Settings: {s['chains']} chains per split, width {s['width']} (mBNN physical "
           f"{int(round(1.1 * s['width']))}), burn-in {s['burnin']}, {s['samples']} draws every {s['thinning']} "
           f"iterations, {s['leapfrog']} leapfrog steps (after burn-in at {s['step_scale']} x the adapted step), "
