@@ -314,6 +314,12 @@ def _unfinished_note(ds: str, model: str, done: int, splits: int, seconds: float
     return head + "; not run yet for lack of CPU time (`python -m experiments mbnn-uci` runs it; cells resume)"
 
 
+def _cell_seconds(cell) -> float:
+    """A cell's time: the wall time of the process that finished it, or, for a cell resumed from a checkpoint,
+    the sampling time summed over every run (``seconds``), whichever is larger."""
+    return float(max(cell["wall_seconds"], cell.get("seconds", 0.0)))
+
+
 def _rhat_yardstick(cells) -> tuple[float, float]:
     """Median and 95% quantile of the table's max R-hat for independent draws of the cells' size; NaN for cells
     without HMC draws or written before cells recorded their number of test points."""
@@ -343,7 +349,7 @@ def _aggregate(out, s) -> Report:
                     with open(p) as fh:
                         cells.append(json.load(fh))
             if len(cells) < s["splits"]:
-                seconds = float(np.mean([c["wall_seconds"] for c in cells])) if cells else None
+                seconds = float(np.mean([_cell_seconds(c) for c in cells])) if cells else None
                 unfinished.append(_unfinished_note(ds, m, len(cells), s["splits"], seconds, _cells_device(cells)))
             if not cells:
                 continue
@@ -364,7 +370,7 @@ def _aggregate(out, s) -> Report:
                 row.append(cell)
             act = np.mean([c["active"] for c in cells], axis=0)
             entry["active"] = act.tolist()
-            entry["seconds_per_split"] = float(np.mean([c["wall_seconds"] for c in cells]))
+            entry["seconds_per_split"] = float(np.mean([_cell_seconds(c) for c in cells]))
             entry["device"] = _cells_device(cells)
             spread = [c for c in cells if "sigma_mean" in c]  # cells of older runs lack the two fields
             for key in ("sigma_mean", "width_mean"):
@@ -391,7 +397,8 @@ def _aggregate(out, s) -> Report:
           "standard error for some coverage cells, counted as 0). 'sigma / 95% width': posterior mean of the noise "
           "sd and mean width of the 95% predictive intervals, in the target's units (the paper reports neither). "
           "A model named MODEL@W ran at width W (a reduced scale); the paper's numbers beside it are those of its "
-          "full-width model. 's / split': wall seconds on this 2-core CPU, or on the accelerator named beside it. "
+          "full-width model. 's / split': wall seconds on this 2-core CPU, or on the accelerator named beside it "
+          "(summed over the runs of a cell resumed from its checkpoint). "
           "'max R-hat f (iid)': the largest split R-hat of the test predictions over test points and splits; in "
           "parentheses the median of the same largest R-hat for exactly independent draws of the same size "
           "(chains, draws, test points, splits; samplers.driver.rhat_reference), taking the test points as "

@@ -254,7 +254,8 @@ def test_mbnn_uci_table_flags_chains_that_did_not_mix(tmp_path):
 
 def test_mbnn_uci_rhat_is_judged_against_independent_draws(tmp_path):
     """With 20 draws per chain, a max R-hat of 1.15 over 31 test points and 20 splits is what independent draws
-    give (not flagged, the reference shown beside it); 1.5 is flagged. Cells without n_test get no reference."""
+    give (not flagged, the reference shown beside it); 1.5 is flagged. Cells without n_test get no reference.
+    A resumed cell's time is its sampling time summed over runs, not the last run's wall time."""
     from experiments import mbnn_uci
     from experiments.__main__ import build_parser
 
@@ -268,6 +269,8 @@ def test_mbnn_uci_rhat_is_judged_against_independent_draws(tmp_path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             cell = dict(coverage=0.95, rmse=0.6, nll=0.9, crps=0.3, active=[100, 80], settings=cfg, wall_seconds=1.0,
                         diagnostics=dict(hmc_acceptance=0.8, rhat_f=rhat if k == 3 else 1.05))
+            if model == "mbnn-0.125":  # resumed cells: sampling time summed over runs exceeds the last run's wall time
+                cell["seconds"] = 41.0
             if n_test:
                 cell["n_test"] = n_test
             with open(path, "w") as fh:
@@ -281,6 +284,7 @@ def test_mbnn_uci_rhat_is_judged_against_independent_draws(tmp_path):
     warning = md[md.index("Mixing warning"):]
     assert "yacht/mbnn-0.125" in warning and "yacht/mbnn-0.1 " not in warning
     assert "yacht/bnn" in warning  # no reference: the conventional 1.1
+    assert yacht["mbnn-0.125"]["seconds_per_split"] == 41.0 and yacht["mbnn-0.1"]["seconds_per_split"] == 1.0
 
 
 def test_mbnn_uci_per_dataset_sampler_settings():
