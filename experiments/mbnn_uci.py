@@ -294,24 +294,51 @@ def _device() -> str:
     return "cpu" if d.platform == "cpu" else str(d.device_kind)
 
 
-def _cells_device(cells) -> str:
-    """The device(s) a row's cells ran on; cells written before devices were recorded ran on this CPU."""
-    return ", ".join(sorted({c.get("device", "cpu") for c in cells})) if cells else "cpu"
+def _seconds_by_device(cells) -> dict[str, float]:
+    """Mean time per split of a row's cells on each device that ran them (``"cpu"`` first, then accelerators by
+    name); cells written before devices were recorded ran on this CPU. Times on different devices are never
+    averaged together: an H100 split is ~10x faster than one on this CPU."""
+    by: dict[str, list[float]] = {}
+    for c in cells:
+        by.setdefault(c.get("device", "cpu"), []).append(_cell_seconds(c))
+    return {d: float(np.mean(by[d])) for d in sorted(by, key=lambda d: (d != "cpu", d))}
 
 
-def _unfinished_note(ds: str, model: str, done: int, splits: int, seconds: float | None, device: str = "cpu") -> str:
-    """One line of the report's list of unfinished (data set, model) cells, with why and what remains."""
+def _format_seconds(by_device: dict[str, float], counts: dict[str, int] | None = None) -> str:
+    """The table's 's / split' entry: CPU seconds bare, accelerator seconds with the device named, several
+    devices separated by '; ' (with each device's number of splits when ``counts`` is given)."""
+    parts = []
+    for d, sec in by_device.items():
+        label = ([] if d == "cpu" and len(by_device) == 1 else [d if d != "cpu" else "CPU"]) + (
+            [f"{counts[d]} split{'s' if counts[d] != 1 else ''}"] if counts and len(by_device) > 1 else [])
+        parts.append(f"{sec:.0f}" + (f" ({', '.join(label)})" if label else ""))
+    return "; ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """``'1.2 h'`` from an hour up, ``'14 min'`` below."""
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def _unfinished_note(ds: str, model: str, done: int, splits: int, by_device: dict[str, float] | None = None) -> str:
+    """One line of the report's list of unfinished (data set, model) cells, with why and what remains: the time
+    the remaining splits take on each device at that device's measured seconds per split."""
     name, width = _split_width(model)
     head = f"- {ds} / {model}: {done} of {splits} splits finished"
+    by_device = by_device or {}
+    rest = splits - done
     if name == "bnn" and width is None:
-        ran = (f" ({device}, {seconds:.0f} s per split)" if device != "cpu" and seconds is not None else "")
+        ran = "".join(f" ({d}, {sec:.0f} s per split)" for d, sec in by_device.items() if d != "cpu")
         return (head + ran + "; the BNN at the paper's width is a GPU-scale job (about 100 PFLOP for the four sets), "
                 "not run on this CPU: the remaining splits need an accelerator (`bash scripts/run_bnn_gpu.sh`, or "
                 "`--models bnn` with the `cuda` extra), and a reduced-width cell (`--models bnn@100`) stands beside it")
-    if seconds is not None:
-        return head + (f"; the remaining {splits - done} take about {(splits - done) * seconds / 3600:.1f} h of CPU at "
-                       f"this cell's measured {seconds:.0f} s per split (cells resume)")
-    return head + "; not run yet for lack of CPU time (`python -m experiments mbnn-uci` runs it; cells resume)"
+    if not by_device:
+        return head + "; not run yet for lack of CPU time (`python -m experiments mbnn-uci` runs it; cells resume)"
+    est = [f"about {_duration(rest * sec)} " + ("of CPU at this cell's" if d == "cpu" else f"on one {d} at its")
+           + f" measured {sec:.0f} s per split" for d, sec in by_device.items()]
+    how = ("" if set(by_device) == {"cpu"} else
+           f"; on an accelerator: `DATASETS={ds} MODELS={model} SPLITS={splits} bash scripts/run_bnn_gpu.sh SECONDS`")
+    return head + f"; the remaining {rest} take " + ", or ".join(est) + " (cells resume" + how + ")"
 
 
 def _cell_seconds(cell) -> float:
@@ -348,9 +375,9 @@ def _aggregate(out, s) -> Report:
                 if _finished(p, cfg):
                     with open(p) as fh:
                         cells.append(json.load(fh))
+            by_device = _seconds_by_device(cells)
             if len(cells) < s["splits"]:
-                seconds = float(np.mean([_cell_seconds(c) for c in cells])) if cells else None
-                unfinished.append(_unfinished_note(ds, m, len(cells), s["splits"], seconds, _cells_device(cells)))
+                unfinished.append(_unfinished_note(ds, m, len(cells), s["splits"], by_device))
             if not cells:
                 continue
             entry = {"splits": len(cells)}
@@ -370,8 +397,9 @@ def _aggregate(out, s) -> Report:
                 row.append(cell)
             act = np.mean([c["active"] for c in cells], axis=0)
             entry["active"] = act.tolist()
-            entry["seconds_per_split"] = float(np.mean([_cell_seconds(c) for c in cells]))
-            entry["device"] = _cells_device(cells)
+            entry["seconds_per_split_by_device"] = by_device
+            counts = {d: sum(c.get("device", "cpu") == d for c in cells) for d in by_device}
+            entry["splits_by_device"] = counts
             spread = [c for c in cells if "sigma_mean" in c]  # cells of older runs lack the two fields
             for key in ("sigma_mean", "width_mean"):
                 entry[key] = float(np.mean([c[key] for c in spread])) if spread else float("nan")
@@ -385,7 +413,7 @@ def _aggregate(out, s) -> Report:
                     f"{entry['hmc_acceptance']:.2f}",
                     f"{entry['rhat_f_max']:.2f}" + (f" ({entry['rhat_f_iid']:.2f})"
                                                      if np.isfinite(entry["rhat_f_iid"]) else ""),
-                    f"{entry['seconds_per_split']:.0f}" + ("" if entry["device"] == "cpu" else f" ({entry['device']})")]
+                    _format_seconds(by_device, counts)]
             rows.append(row)
             summary.setdefault(ds, {})[m] = entry
     head = ["data set", "model", "splits", "coverage (paper)", "RMSE (paper)", "NLL (paper)", "CRPS (paper)",
@@ -398,7 +426,8 @@ def _aggregate(out, s) -> Report:
           "sd and mean width of the 95% predictive intervals, in the target's units (the paper reports neither). "
           "A model named MODEL@W ran at width W (a reduced scale); the paper's numbers beside it are those of its "
           "full-width model. 's / split': wall seconds on this 2-core CPU, or on the accelerator named beside it "
-          "(summed over the runs of a cell resumed from its checkpoint). "
+          "(summed over the runs of a cell resumed from its checkpoint); a row whose splits ran on several devices "
+          "gives each device's mean and number of splits. "
           "'max R-hat f (iid)': the largest split R-hat of the test predictions over test points and splits; in "
           "parentheses the median of the same largest R-hat for exactly independent draws of the same size "
           "(chains, draws, test points, splits; samplers.driver.rhat_reference), taking the test points as "

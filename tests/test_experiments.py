@@ -284,7 +284,42 @@ def test_mbnn_uci_rhat_is_judged_against_independent_draws(tmp_path):
     warning = md[md.index("Mixing warning"):]
     assert "yacht/mbnn-0.125" in warning and "yacht/mbnn-0.1 " not in warning
     assert "yacht/bnn" in warning  # no reference: the conventional 1.1
-    assert yacht["mbnn-0.125"]["seconds_per_split"] == 41.0 and yacht["mbnn-0.1"]["seconds_per_split"] == 1.0
+    assert yacht["mbnn-0.125"]["seconds_per_split_by_device"] == {"cpu": 41.0}
+    assert yacht["mbnn-0.1"]["seconds_per_split_by_device"] == {"cpu": 1.0}
+
+
+def test_mbnn_uci_times_are_kept_apart_by_device(tmp_path):
+    """A row whose splits ran on this CPU and on an accelerator shows each device's mean time and split count,
+    never their average, and the unfinished-cell estimate gives the remaining time on each device."""
+    from experiments import mbnn_uci
+    from experiments.__main__ import build_parser
+
+    args = build_parser().parse_args(["mbnn-uci", "--aggregate-only", "--datasets", "yacht", "--models",
+                                      "mbnn-0.1,mbnn-0.125", "--splits", "4", "--out", str(tmp_path)])
+    s = mbnn_uci.settings(args)
+    runs = {"mbnn-0.1": [("cpu", 1000.0), ("cpu", 2000.0), ("NVIDIA H100", 100.0)],
+            "mbnn-0.125": [("NVIDIA H100", 200.0)]}
+    for model, ran in runs.items():
+        cfg = mbnn_uci._cfg(s, "yacht", model)
+        for k, (device, sec) in enumerate(ran):
+            path = mbnn_uci._cell_path(str(tmp_path), "yacht", model, k)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            cell = dict(coverage=0.95, rmse=0.6, nll=0.9, crps=0.3, active=[100, 80], settings=cfg, wall_seconds=sec,
+                        diagnostics=dict(hmc_acceptance=0.8, rhat_f=1.05))
+            if k != 1:  # a cell written before devices were recorded ran on this CPU
+                cell["device"] = device
+            with open(path, "w") as fh:
+                json.dump(cell, fh)
+    rep = mbnn_uci.run(args)
+    yacht = rep.results["summary"]["yacht"]
+    assert yacht["mbnn-0.1"]["seconds_per_split_by_device"] == {"cpu": 1500.0, "NVIDIA H100": 100.0}
+    assert yacht["mbnn-0.1"]["splits_by_device"] == {"cpu": 2, "NVIDIA H100": 1}
+    md = rep.markdown
+    assert "| 1500 (CPU, 2 splits); 100 (NVIDIA H100, 1 split) |" in md and "| 200 (NVIDIA H100) |" in md
+    assert ("yacht / mbnn-0.1: 3 of 4 splits finished; the remaining 1 take about 25 min of CPU at this cell's "
+            "measured 1500 s per split, or about 2 min on one NVIDIA H100 at its measured 100 s per split") in md
+    assert "yacht / mbnn-0.125: 1 of 4 splits finished; the remaining 3 take about 10 min on one NVIDIA H100" in md
+    assert "`DATASETS=yacht MODELS=mbnn-0.125 SPLITS=4 bash scripts/run_bnn_gpu.sh SECONDS`" in md
 
 
 def test_mbnn_uci_per_dataset_sampler_settings():
