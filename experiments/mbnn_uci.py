@@ -294,14 +294,15 @@ def _device() -> str:
     return "cpu" if d.platform == "cpu" else str(d.device_kind)
 
 
-def _seconds_by_device(cells) -> dict[str, float]:
-    """Mean time per split of a row's cells on each device that ran them (``"cpu"`` first, then accelerators by
-    name); cells written before devices were recorded ran on this CPU. Times on different devices are never
-    averaged together: an H100 split is ~10x faster than one on this CPU."""
+def _seconds_by_device(cells) -> tuple[dict[str, float], dict[str, int]]:
+    """Mean time per split of a row's cells on each device that ran them, and how many splits each ran
+    (``"cpu"`` first, then accelerators by name); cells written before devices were recorded ran on this CPU.
+    Times on different devices are never averaged together: an H100 split is ~10x faster than one on this CPU."""
     by: dict[str, list[float]] = {}
     for c in cells:
         by.setdefault(c.get("device", "cpu"), []).append(_cell_seconds(c))
-    return {d: float(np.mean(by[d])) for d in sorted(by, key=lambda d: (d != "cpu", d))}
+    order = sorted(by, key=lambda d: (d != "cpu", d))
+    return {d: float(np.mean(by[d])) for d in order}, {d: len(by[d]) for d in order}
 
 
 def _format_seconds(by_device: dict[str, float], counts: dict[str, int] | None = None) -> str:
@@ -320,12 +321,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def _unfinished_note(ds: str, model: str, done: int, splits: int, by_device: dict[str, float] | None = None) -> str:
+def _unfinished_note(ds: str, model: str, done: int, splits: int, by_device: dict[str, float]) -> str:
     """One line of the report's list of unfinished (data set, model) cells, with why and what remains: the time
     the remaining splits take on each device at that device's measured seconds per split."""
     name, width = _split_width(model)
     head = f"- {ds} / {model}: {done} of {splits} splits finished"
-    by_device = by_device or {}
     rest = splits - done
     if name == "bnn" and width is None:
         ran = "".join(f" ({d}, {sec:.0f} s per split)" for d, sec in by_device.items() if d != "cpu")
@@ -375,7 +375,7 @@ def _aggregate(out, s) -> Report:
                 if _finished(p, cfg):
                     with open(p) as fh:
                         cells.append(json.load(fh))
-            by_device = _seconds_by_device(cells)
+            by_device, counts = _seconds_by_device(cells)
             if len(cells) < s["splits"]:
                 unfinished.append(_unfinished_note(ds, m, len(cells), s["splits"], by_device))
             if not cells:
@@ -398,7 +398,6 @@ def _aggregate(out, s) -> Report:
             act = np.mean([c["active"] for c in cells], axis=0)
             entry["active"] = act.tolist()
             entry["seconds_per_split_by_device"] = by_device
-            counts = {d: sum(c.get("device", "cpu") == d for c in cells) for d in by_device}
             entry["splits_by_device"] = counts
             spread = [c for c in cells if "sigma_mean" in c]  # cells of older runs lack the two fields
             for key in ("sigma_mean", "width_mean"):

@@ -4,7 +4,8 @@
 #   bash scripts/run_bnn_gpu.sh [SECONDS]      (DATASETS=energy,concrete SPLITS=4 to choose; defaults below)
 #
 # MODELS=mbnn-0.075,mbnn-0.125 runs other `mbnn-uci` models the same way (default: bnn, the full-width BNN); on one
-# H100 an mBNN split takes 130-240 s (against 1,100-5,800 s on the 2-core CPU), a full-width BNN split 40-90 s.
+# H100 an mBNN split takes 130-240 s (against 1,100-5,800 s on the 2-core CPU); on one H200 a full-width BNN split
+# took 44-74 s.
 #
 # It expects, in the repository root (`.gpu/` is ignored by git, so prepare it on the machine you send from):
 #   .gpu/whl/   wheels of what the machine lacks (e.g. `pip download --no-deps blackjax==1.7.1 -d .gpu/whl`);
