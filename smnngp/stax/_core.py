@@ -1,0 +1,464 @@
+"""The `Layer` type, the public ``kernel_fn`` and the helpers every layer family shares.
+
+Input validation, the input kernel (second moments of the inputs), the symmetric tiling of ``x2=None``
+kernels, scale checks, and the spatial window sums used by convolutions and pooling.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from smnngp.kernels import Kernel, canonical_get, select
+
+_PADDINGS = ("SAME", "VALID", "CIRCULAR")
+
+
+class Layer(tuple):
+    """``(init_fn, apply_fn, kernel_fn)`` with the internals combinators need.
+
+    Attributes (internal): ``name``; ``shape_fn(input_shape) -> output_shape``
+    (raises ValueError naming the layer on incompatible shapes); ``kernel_map``
+    (``kernel_map(k, **kwargs)``: Kernel -> Kernel, lists for branches; the
+    keyword arguments are those a caller passes to ``kernel_fn`` beyond
+    ``x1, x2, get``, such as ``pattern``, and combinators hand them to every
+    child); ``needs_full(out_full) -> bool``, whether the layer's input kernel
+    must track all position pairs given whether its output must;
+    ``symmetric``, whether k(x2, x1) is exactly k(x1, x2) with its points
+    swapped (false for quadrature, whose rule is not symmetric); ``layout``,
+    ``(batch_axis, channel_axis)`` of the finite activations the layer takes,
+    or ``None`` when the layer works in any layout.
+
+    Kernels are always held in the canonical layout (batch axis first,
+    channels last, the remaining axes in their order in between), and so are
+    ``Kernel.shape1`` / ``shape2``; the public ``kernel_fn`` moves the axes of
+    its inputs there according to the ``layout`` of the first layer that has
+    one. A layer with a ``layout`` reads its finite shapes in that layout in
+    ``shape_fn``, ``init_fn`` and ``apply_fn``, and canonical shapes in
+    ``kernel_map``.
+    """
+
+    def __new__(cls, name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, symmetric=True, layout=None):
+        if not _accepts_kwargs(kernel_map):
+            kernel_map = _ignore_kwargs(kernel_map)
+        if layout is not None:
+            layout = (int(layout[0]), int(layout[1]))
+        public_kernel_fn = _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, layout)
+        self = super().__new__(cls, (init_fn, apply_fn, public_kernel_fn))
+        self.name = name
+        self.shape_fn = shape_fn
+        self.kernel_map = kernel_map
+        self.needs_full = needs_full
+        self.symmetric = symmetric
+        self.layout = layout
+        return self
+
+    def __repr__(self) -> str:
+        return f"<smnngp.stax layer {self.name}>"
+
+
+def _accepts_kwargs(fn) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _ignore_kwargs(kernel_map):
+    """A ``kernel_map(k)`` that takes no call-time keywords, as ``kernel_map(k, **kwargs)``."""
+
+    def wrapped(k, **kwargs):
+        return kernel_map(k)
+
+    return wrapped
+
+
+def first_layout(layers):
+    """The ``layout`` of the first layer that has one (that of a composition's input), or ``None``."""
+    for l in layers:
+        if l.layout is not None:
+            return l.layout
+    return None
+
+
+def to_canonical(x, layout):
+    """Move ``layout = (batch_axis, channel_axis)`` of ``x`` to (0, -1); ``None`` leaves ``x`` as it is."""
+    if layout is None or x.ndim < 2:
+        return x
+    b, c = layout[0] % x.ndim, layout[1] % x.ndim
+    if b == c:
+        raise ValueError(f"batch_axis and channel_axis must differ, both are axis {b} of shape {tuple(x.shape)}")
+    if (b, c) == (0, x.ndim - 1):
+        return x
+    return jnp.moveaxis(x, (b, c), (0, x.ndim - 1))
+
+
+def canonical_shape(shape, layout):
+    """The shape ``to_canonical`` gives an array of ``shape``."""
+    shape = tuple(shape)
+    if layout is None or len(shape) < 2:
+        return shape
+    b, c = layout[0] % len(shape), layout[1] % len(shape)
+    rest = [s for i, s in enumerate(shape) if i not in (b, c)]
+    return (shape[b], *rest, shape[c])
+
+
+def _as_layer(obj, where: str) -> Layer:
+    if not isinstance(obj, Layer):
+        raise TypeError(
+            f"{where}: expected a layer built by smnngp.stax (an (init_fn, apply_fn, kernel_fn) "
+            f"Layer), got {type(obj).__name__}"
+        )
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# Input validation and the public kernel_fn
+# ---------------------------------------------------------------------------
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_input(x, name: str):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"kernel_fn: {name} must be an array, got {type(x).__name__}")
+    if x.ndim < 2:
+        raise ValueError(
+            f"kernel_fn: {name} must have a batch axis and a feature axis, got shape {tuple(x.shape)}"
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"kernel_fn: {name} must be floating point, got dtype {x.dtype}")
+    if _is_concrete(x):
+        finite = np.isfinite(np.asarray(x))
+        if not finite.all():
+            bad = int((~finite).sum())
+            raise ValueError(f"kernel_fn: {name} has {bad} non-finite (NaN or inf) entries")
+
+
+def _input_kernel(x1, x2, full: bool, want_ntk: bool) -> Kernel:
+    """Second moments of the inputs, averaged over the channel (last) axis."""
+    n_chan = x1.shape[-1]
+    spatial = x1.ndim - 2
+    letters = "hwdefg"[:spatial]
+    if spatial == 0:
+        sub_pair, sub_self = "ac,bc->ab", "ac,ac->a"
+    elif full:
+        a_sp = letters
+        b_sp = letters.upper()
+        inter = "".join(l + u for l, u in zip(a_sp, b_sp))
+        sub_pair = f"a{a_sp}c,b{b_sp}c->ab{inter}"
+        sub_self = f"a{a_sp}c,a{b_sp}c->a{inter}"
+    else:
+        sub_pair = f"a{letters}c,b{letters}c->ab{letters}"
+        sub_self = f"a{letters}c,a{letters}c->a{letters}"
+    prec = lax.Precision.HIGHEST
+    scale = 1.0 / n_chan
+    x2_is_x1 = x2 is None
+    xb = x1 if x2_is_x1 else x2
+    nngp = jnp.einsum(sub_pair, x1, xb, precision=prec) * scale
+    if x2_is_x1:
+        # Take the batch diagonal of nngp itself so that k(x, x) and var(x) are the
+        # same floating-point numbers: the arc-cosine kernels have a square-root
+        # singularity at correlation 1, which would amplify a last-bit mismatch.
+        cov1 = jnp.moveaxis(jnp.diagonal(nngp, axis1=0, axis2=1), -1, 0)
+    else:
+        cov1 = jnp.einsum(sub_self, x1, x1, precision=prec) * scale
+    cov2 = None if x2_is_x1 else jnp.einsum(sub_self, x2, x2, precision=prec) * scale
+    ntk = jnp.zeros((), x1.dtype) if want_ntk else None
+    return Kernel(nngp, ntk, cov1, cov2, x1.shape, xb.shape, full, is_gaussian=False)
+
+
+# With x2=None, a network whose inputs have spatial axes and whose output has none (after
+# Flatten or GlobalAvgPool), and whose input kernel has at least this many entries (N^2 times
+# the spatial positions), is evaluated on T (T + 1) / 2 of T^2 tiles (`_symmetric_kernel_map`):
+# there the work is in the hidden layers and the output that must be assembled is small.
+_SYMMETRIC_MIN_ENTRIES = 2**21
+_SYMMETRIC_TILES = 8
+
+
+def _batch_diagonal(mat):
+    """(N, N, ...) -> (N, ...): the entries k(x_i, x_i)."""
+    return jnp.moveaxis(jnp.diagonal(mat, axis1=0, axis2=1), -1, 0)
+
+
+def _swap_points(tiles, full: bool):
+    """k(a, b) -> k(b, a) for stacked tiles (P, n, n, spatial...), position pairs included."""
+    rest = list(range(3, tiles.ndim))
+    if full:  # (H, H', W, W', ...) -> (H', H, W', W, ...)
+        rest = [ax for i in range(0, len(rest), 2) for ax in (rest[i + 1], rest[i])]
+    return jnp.transpose(tiles, [0, 2, 1] + rest)
+
+
+def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int):
+    """``kernel_map`` of the input kernel of (x, x), computed on T (T + 1) / 2 of the T^2 tiles.
+
+    k(x_j, x_i) is k(x_i, x_j) with its two points swapped, so the tiles below the
+    block diagonal are mirrored from those above: (T + 1) / (2 T) of the work. All
+    tile pairs run as one `vmap`, each with the variances of its two tiles, and
+    every point's variance is read off its own diagonal tile, so that k(x, x) and
+    var(x) are the same floating-point numbers, as on the untiled path.
+    """
+    n_points = x.shape[0]
+    n = -(-n_points // tiles)
+    if tiles * n > n_points:  # pad with copies of the last point; their rows are cut off below
+        x = jnp.concatenate([x, jnp.repeat(x[-1:], tiles * n - n_points, axis=0)])
+    xt = x.reshape((tiles, n) + x.shape[1:])
+    rows, cols = np.triu_indices(tiles)
+    pair = {(int(i), int(j)): p for p, (i, j) in enumerate(zip(rows, cols))}
+    on_diag = np.array([pair[i, i] for i in range(tiles)])
+    nngp = jax.vmap(lambda a, b: _input_kernel(a, b, full, False).nngp)(xt[rows], xt[cols])
+    var = jax.vmap(_batch_diagonal)(nngp[on_diag])
+    shape = (n,) + x.shape[1:]
+    ntk = jnp.zeros((), x.dtype) if want_ntk else None
+
+    def tile_pair(nngp, cov1, cov2):
+        return kernel_map(Kernel(nngp, ntk, cov1, cov2, shape, shape, full, is_gaussian=False))
+
+    out = jax.vmap(tile_pair)(nngp, var[rows], var[cols])
+    # Tile (r, c) of the result is pair (r, c) for r <= c and pair (c, r) swapped below the
+    # diagonal: one gather from [pairs, swapped off-diagonal pairs] reads each entry once.
+    off_diag = np.flatnonzero(rows < cols)
+    swapped = {(int(cols[p]), int(rows[p])): len(rows) + q for q, p in enumerate(off_diag)}
+    source = np.array([[pair[r, c] if r <= c else swapped[r, c] for c in range(tiles)] for r in range(tiles)])
+
+    def mirror(t, full):
+        if t.ndim == 1:  # the same constant for every tile (an NTK that no layer has touched)
+            return t[0]
+        grid = jnp.concatenate([t, _swap_points(t[off_diag], full)])[source]  # (T, T, n, n, spatial...)
+        grid = jnp.moveaxis(grid, 2, 1).reshape((tiles * n, tiles * n) + grid.shape[4:])
+        return grid[:n_points, :n_points]
+
+    def assemble(k: Kernel) -> Kernel:
+        cov1 = k.cov1[on_diag]
+        return k.replace(
+            nngp=mirror(k.nngp, k.full),
+            ntk=None if k.ntk is None else mirror(k.ntk, k.full),
+            cov1=cov1.reshape((tiles * n,) + cov1.shape[2:])[:n_points],
+            cov2=None,
+            shape1=(n_points,) + k.shape1[1:],
+            shape2=(n_points,) + k.shape2[1:],
+        )
+
+    return [assemble(k) for k in out] if isinstance(out, list) else assemble(out)
+
+
+def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, layout):
+    def kernel_fn(x1, x2=None, get=None, *, pattern=None, **unused):
+        if unused:
+            raise TypeError(f"kernel_fn of {name}: unexpected keyword arguments {sorted(unused)}")
+        names, _ = canonical_get(get)
+        layer_kwargs = {} if pattern is None else {"pattern": pattern}
+        if isinstance(x1, Kernel):
+            return _apply_to_kernel(name, kernel_map, needs_full, x1, x2, get, names, layer_kwargs)
+        _check_input(x1, "x1")
+        if x2 is not None:
+            _check_input(x2, "x2")
+            if tuple(x1.shape[1:]) != tuple(x2.shape[1:]):
+                raise ValueError(
+                    f"kernel_fn of {name}: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} must agree "
+                    f"beyond the batch axis"
+                )
+            if x1.dtype != x2.dtype:
+                raise TypeError(f"kernel_fn of {name}: x1 is {x1.dtype} but x2 is {x2.dtype}")
+        x1 = jnp.asarray(x1)
+        x2 = None if x2 is None else jnp.asarray(x2)
+        out_shape = shape_fn(tuple(x1.shape))  # raises with the layer name on incompatible shapes
+        out_shapes = out_shape if isinstance(out_shape, list) else [out_shape]
+        out_spatial = any(len(s) > 2 for s in out_shapes)
+        x1 = to_canonical(x1, layout)
+        x2 = None if x2 is None else to_canonical(x2, layout)
+        full = needs_full(out_spatial) and x1.ndim > 2
+        want_ntk = names is None or "ntk" in names
+        n_points, entries = x1.shape[0], x1.shape[0] ** 2 * math.prod(x1.shape[1:-1]) ** (2 if full else 1)
+        tile = symmetric and x2 is None and x1.ndim > 2 and not out_spatial and n_points >= 4 * _SYMMETRIC_TILES
+        if tile and entries >= _SYMMETRIC_MIN_ENTRIES and not layer_kwargs:
+            k = _symmetric_kernel_map(kernel_map, x1, full, want_ntk, _SYMMETRIC_TILES)
+        else:
+            k = kernel_map(_input_kernel(x1, x2, full, want_ntk), **layer_kwargs)
+        if isinstance(k, list):
+            return [select(ki, get) for ki in k]
+        return select(k, get)
+
+    kernel_fn.__name__ = f"kernel_fn_{name}"
+    return kernel_fn
+
+
+def _apply_to_kernel(name, kernel_map, needs_full, k: Kernel, x2, get, names, layer_kwargs):
+    """``kernel_fn(k)`` for a `Kernel` ``k`` (one that another ``kernel_fn`` returned): compose the maps."""
+    if x2 is not None:
+        raise ValueError(f"kernel_fn of {name}: with a Kernel as first argument, x2 must be None (the Kernel "
+                         f"already holds both inputs)")
+    if names is not None and "ntk" in names and k.ntk is None:
+        raise ValueError(f"kernel_fn of {name}: the NTK was asked for, but the input Kernel has none (compute "
+                         f"it with get=None or a get that includes 'ntk')")
+    if k.spatial_ndim > 0 and not k.full and needs_full(False):
+        raise ValueError(
+            f"kernel_fn of {name}: the layers mix spatial positions and need the covariances of all pairs of "
+            f"positions, but the input Kernel holds same-position covariances only (full=False); compute it "
+            f"from a kernel_fn whose output keeps spatial axes, or with diagonal_spatial=False"
+        )
+    out = kernel_map(k, **layer_kwargs)
+    if isinstance(out, list):
+        return [select(ki, get) for ki in out]
+    return select(out, get)
+
+
+def _std_value(value):
+    """A layer scale as a Python float, or unchanged when it is traced (hyperparameter fitting under grad/jit)."""
+    return value if isinstance(value, jax.core.Tracer) else float(value)
+
+
+def _act_param(value, name: str, layer: str):
+    """An activation's parameter: a finite Python float when concrete, unchanged when traced.
+
+    Traced values (the leaves of a hyperparameter pytree under `jax.grad` / `jit`) cannot be
+    inspected; their range is the caller's business (`parametric_kernel` keeps its leaves positive).
+    """
+    if isinstance(value, jax.core.Tracer):
+        if jnp.ndim(value) != 0:
+            raise ValueError(f"{layer}: {name} must be a scalar, got a traced array of shape {jnp.shape(value)}")
+        return value
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{layer}: {name} must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{layer}: {name} must be finite, got {value}")
+    return v
+
+
+def _fmt(value) -> str:
+    """A parameter in a layer's name: its value, or 'traced'."""
+    return "traced" if isinstance(value, jax.core.Tracer) else repr(value)
+
+
+def _check_std(value, name: str, layer: str, allow_none: bool):
+    """Validate a concrete scale; traced scales (gradients w.r.t. W_std, b_std) are checked by their caller."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    if value is None:
+        if allow_none:
+            return
+        raise ValueError(f"{layer}: {name} must be a positive number, got None")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{layer}: {name} must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{layer}: {name} must be finite, got {value}")
+    if name == "W_std" and v <= 0:
+        raise ValueError(f"{layer}: W_std must be positive, got {value}")
+    if name == "b_std" and v < 0:
+        raise ValueError(f"{layer}: b_std must be non-negative, got {value}")
+
+
+def _check_parameterization(p: str, layer: str):
+    if p not in ("ntk", "standard"):
+        raise ValueError(f"{layer}: parameterization must be 'ntk' or 'standard', got {p!r}")
+
+
+def _single_shape(shape, layer: str):
+    if not (isinstance(shape, tuple) and all(isinstance(s, (int, np.integer)) for s in shape)):
+        raise ValueError(f"{layer}: expected one input, got a list of {len(shape)} branches")
+    if len(shape) < 2:
+        raise ValueError(f"{layer}: input shape {shape} needs a batch axis and a channel axis")
+    return tuple(int(s) for s in shape)
+
+
+def _map_covs(k: Kernel, fn, ntk_fn=None, **changes) -> Kernel:
+    """Apply ``fn(mat, batch_ndim)`` to nngp, cov1, cov2 (and ntk via ``ntk_fn``)."""
+    ntk = k.ntk
+    if ntk is not None and ntk_fn is not None:
+        ntk = ntk_fn(ntk, 2)
+    return k.replace(
+        nngp=fn(k.nngp, 2),
+        cov1=fn(k.cov1, 1),
+        cov2=None if k.cov2 is None else fn(k.cov2, 1),
+        ntk=ntk,
+        **changes,
+    )
+
+
+
+def _spatial_pads(in_sizes, window, strides, padding):
+    """Per-dimension (lo, hi) zero padding for SAME/VALID, or the wrap padding for CIRCULAR."""
+    if padding == "VALID":
+        return [(0, 0)] * len(in_sizes)
+    return [tuple(p) for p in lax.padtype_to_pads(tuple(in_sizes), tuple(window), tuple(strides), "SAME")]
+
+
+def _out_sizes(in_sizes, window, strides, padding):
+    pads = _spatial_pads(in_sizes, window, strides, padding)
+    out = []
+    for n, w, s, (lo, hi) in zip(in_sizes, window, strides, pads):
+        size = (n + lo + hi - w) // s + 1
+        out.append(size)
+    return tuple(out)
+
+
+def _pad_axes(x, axes, pads, circular: bool):
+    """Pad ``x`` along ``axes`` (each with its (lo, hi)); wrap-around when circular."""
+    widths = [(0, 0)] * x.ndim
+    for ax, p in zip(axes, pads):
+        widths[ax] = p
+    if all(w == (0, 0) for w in widths):
+        return x
+    return jnp.pad(x, widths, mode="wrap" if circular else "constant")
+
+
+def _diag_window_sum(x, axis_a, axis_b, window, stride, pad, circular, out_size):
+    """sum_{d < window} x[i*s + d, j*s + d] over the pair of axes (axis_a, axis_b)."""
+    x = _pad_axes(x, (axis_a, axis_b), (pad, pad), circular)
+    span = stride * (out_size - 1) + 1
+    total = None
+    for d in range(window):
+        piece = lax.slice_in_dim(x, d, d + span, stride, axis_a)
+        piece = lax.slice_in_dim(piece, d, d + span, stride, axis_b)
+        total = piece if total is None else total + piece
+    return total
+
+
+def _window_sum(x, axes, window, strides, pads, circular):
+    """Box-filter sum over ``axes`` (reduce_window with zero or wrap padding)."""
+    dims = [1] * x.ndim
+    strd = [1] * x.ndim
+    padding = [(0, 0)] * x.ndim
+    for ax, w, s, p in zip(axes, window, strides, pads):
+        dims[ax] = w
+        strd[ax] = s
+        padding[ax] = tuple(p)
+    if circular:
+        x = _pad_axes(x, axes, pads, True)
+        padding = [(0, 0)] * x.ndim
+    # Zero padding inside reduce_window: no padded copy of the kernel is written out first. The zero is a
+    # concrete (numpy) scalar: under jit a jnp zero is traced, and reduce_window then falls back to its generic
+    # form, which has no derivative (hyperparameter gradients through Conv and AvgPool).
+    return lax.reduce_window(x, np.zeros((), x.dtype), lax.add, tuple(dims), tuple(strd), padding)
+
+
+def _spatial_mean(mat, batch_ndim: int):
+    """Mean over all axes after the batch ones.
+
+    Written as a product with a vector of 1 / count: XLA:CPU fuses that with the
+    elementwise kernel map before it, where a reduction goes to a library kernel
+    that first writes out every broadcast constant of that map as a full array.
+    """
+    flat = mat.reshape(mat.shape[:batch_ndim] + (-1,))
+    return flat @ jnp.full((flat.shape[-1],), 1.0 / flat.shape[-1], flat.dtype)
+
+
+def _spatial_diagonal(mat, batch_ndim: int):
+    """(batch..., H, H', W, W') -> (batch..., H, W): same-position entries."""
+    nd = (mat.ndim - batch_ndim) // 2
+    for _ in range(nd):
+        # Take the diagonal of the leading pair and move it to the end.
+        mat = jnp.diagonal(mat, axis1=batch_ndim, axis2=batch_ndim + 1)
+    return mat

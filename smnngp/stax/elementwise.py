@@ -1,0 +1,428 @@
+"""Elementwise activations and their closed-form (or quadrature) kernel maps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from smnngp.kernels import Kernel
+from smnngp.stax._core import (
+    Layer,
+    _act_param,
+    _fmt,
+    _spatial_diagonal,
+)
+
+# ---------------------------------------------------------------------------
+# Activations
+# ---------------------------------------------------------------------------
+
+
+def _pair_variances(k: Kernel):
+    """Variances matching each entry of nngp, cov1 and cov2 (broadcastable)."""
+    nd = k.spatial_ndim
+    if not k.full or nd == 0:
+        v1 = k.cov1
+        v2 = k.cov1 if k.cov2 is None else k.cov2
+        nngp_pair = (v1[:, None], v2[None])
+        return nngp_pair, (k.cov1, k.cov1), None if k.cov2 is None else (k.cov2, k.cov2)
+
+    d1 = _spatial_diagonal(k.cov1, 1)  # (N1, H, W)
+    d2 = d1 if k.cov2 is None else _spatial_diagonal(k.cov2, 1)
+
+    def interleave(d, first: bool, batch_pos):
+        # (N, H, W) -> positions (H, 1, W, 1) or (1, H, 1, W) after batch axes.
+        n = d.shape[0]
+        shape = [1] * len(batch_pos)
+        shape[batch_pos.index(True)] = n
+        for size in d.shape[1:]:
+            shape += [size, 1] if first else [1, size]
+        return d.reshape(shape)
+
+    nngp_pair = (interleave(d1, True, [True, False]), interleave(d2, False, [False, True]))
+    cov1_pair = (interleave(d1, True, [True]), interleave(d1, False, [True]))
+    cov2_pair = None if k.cov2 is None else (interleave(d2, True, [True]), interleave(d2, False, [True]))
+    return nngp_pair, cov1_pair, cov2_pair
+
+
+def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | None = None, symmetric=True) -> Layer:
+    """Elementwise layer from ``moments(c, v1, v2, need_dot) -> (E[phi phi], E[phi' phi'] or None)``.
+
+    ``diag(v) = E[phi(u)^2]`` for u ~ N(0, v), when given, is the closed form of
+    ``moments(v, v, v)`` used for the batch diagonals ``cov1``/``cov2`` when they
+    hold same-position variances only (dense or ``full=False``); it spares the
+    general formula's transcendental functions on those entries.
+    """
+
+    def init_fn(key, input_shape):
+        return input_shape, ()
+
+    def apply_fn(params, x, **kwargs):
+        return fn(x)
+
+    def kernel_map(k: Kernel) -> Kernel:
+        if not k.is_gaussian:
+            raise ValueError(
+                f"{name}: the input to an activation must be Gaussian, i.e. an affine layer (Dense or "
+                f"Conv) must come before it; got activations of shape {k.shape1} that are not"
+            )
+        nngp_pair, cov1_pair, cov2_pair = _pair_variances(k)
+        want_dot = k.ntk is not None
+        nngp, dot = moments(k.nngp, *nngp_pair, want_dot)
+        if diag is not None and (not k.full or k.spatial_ndim == 0):
+            cov1 = diag(k.cov1)
+            cov2 = None if k.cov2 is None else diag(k.cov2)
+        else:
+            cov1, _ = moments(k.cov1, *cov1_pair, False)
+            cov2 = None if cov2_pair is None else moments(k.cov2, *cov2_pair, False)[0]
+        ntk = None if k.ntk is None else k.ntk * dot
+        return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=False)
+
+    return Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full, symmetric)
+
+
+def _safe_sqrt(x):
+    return jnp.sqrt(jnp.maximum(x, 0.0))
+
+
+# Cephes' atan (S. L. Moshier): tan(3 pi / 8), the coefficients of P(z) / Q(z) ~ (atan(r) - r) / r^3
+# on |r| <= 0.66 (Q monic).
+_ATAN_T3P8 = 2.41421356237309504880
+_ATAN_P = (-8.750608600031904122785e-1, -1.615753718733365076637e1, -7.500855792314704667340e1,
+           -1.228866684490136173410e2, -6.485021904942025371773e1)
+_ATAN_Q = (2.485846490142306297962e1, 1.650270098316988542046e2, 4.328810604912902668951e2,
+           4.853903996359136964868e2, 1.945506571482613964425e2)
+
+
+def _pow2_inverse(d):
+    """2^-floor(log2 d) for positive normal ``d``: multiplying by it is exact."""
+    int_type, mantissa, twice_bias = (jnp.int64, 52, 2046) if d.dtype == jnp.float64 else (jnp.int32, 23, 254)
+    exponent = lax.shift_right_logical(lax.bitcast_convert_type(d, int_type), jnp.asarray(mantissa, int_type))
+    return lax.bitcast_convert_type(
+        lax.shift_left(jnp.asarray(twice_bias, int_type) - exponent, jnp.asarray(mantissa, int_type)), d.dtype
+    )
+
+
+def _atan2(y, x, x_nonnegative: bool = False):
+    """atan2(y, x) for finite arguments, within 3 ulps, in arithmetic that XLA fuses and vectorises.
+
+    XLA:CPU evaluates float64 atan2 (and atan) by one scalar library call per
+    element, which dominated the arc-cosine and erf kernels; this is several
+    times faster. Cephes' reduction: with a = |y| / |x|, atan(a) = pi/2 +
+    atan(-1/a) for a > tan(3 pi/8), pi/4 + atan((a - 1)/(a + 1)) for a > 0.66,
+    else atan(a). Each reduced ratio n / d is kept as a pair, scaled by a power
+    of two, P and Q are evaluated homogeneously in (n^2, d^2), and the result
+    is a single division that nothing but sign flips follows: XLA ends a fusion
+    at a costly op (division, square root) whose result has several consumers,
+    so any later use of ``d`` or of the branch would cut the fusion again.
+    ``x_nonnegative`` promises x >= 0 and drops the read of x's sign for the
+    same reason (``x`` is a square root at the call sites).
+    Signed zeros follow IEEE atan2; NaN propagates.
+    """
+    ay, ax = jnp.abs(y), jnp.abs(x)
+    big, mid = ay > _ATAN_T3P8 * ax, ay > 0.66 * ax
+    n = jnp.where(big, -ax, jnp.where(mid, ay - ax, ay))
+    d = jnp.where(big, ay, jnp.where(mid, ay + ax, ax))
+    d = jnp.where(d == 0, 1.0, d)  # x = y = 0: n = 0, and the result is 0 rather than 0 / 0
+    base = jnp.where(big, math.pi / 2, jnp.where(mid, math.pi / 4, 0.0))
+    scale = _pow2_inverse(d)
+    n, d = n * scale, d * scale
+    u, w = n * n, d * d
+    w2 = w * w
+    w3, w4 = w2 * w, w2 * w2
+    p = (((_ATAN_P[0] * u + _ATAN_P[1] * w) * u + _ATAN_P[2] * w2) * u + _ATAN_P[3] * w3) * u + _ATAN_P[4] * w4
+    q = ((((u + _ATAN_Q[0] * w) * u + _ATAN_Q[1] * w2) * u + _ATAN_Q[2] * w3) * u + _ATAN_Q[3] * w4) * u
+    q = q + _ATAN_Q[4] * w4 * w
+    # base + atan(n / d) = base + (n / d) (1 + z P(z) / Q(z)) with z = n^2 / d^2, as one division.
+    dq = d * q
+    t = (base * dq + n * (q + u * p)) / dq
+    if not x_nonnegative:
+        t = jnp.where(jnp.signbit(x), math.pi - t, t)
+    return jnp.where(jnp.signbit(y), -t, t)
+
+
+def ABRelu(a: float, b: float) -> Layer:
+    """phi(x) = a min(x, 0) + b max(x, 0) (Cho & Saul 2009 arc-cosine kernel, generalised).
+
+    With theta the angle between u and v:
+    E[phi phi] = (a - b)^2 / (2 pi) sqrt(v1 v2) sin(theta) + [(a^2 + b^2)/2 - (a - b)^2 theta / (2 pi)] c,
+    E[phi' phi'] = (a^2 + b^2)/2 - (a - b)^2 theta / (2 pi).
+
+    Args:
+        a: slope for negative inputs, a finite number (may be traced).
+        b: slope for positive inputs, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine
+        layer (`Dense` or `Conv`).
+
+    Raises:
+        TypeError: if ``a`` or ``b`` is not a number.
+        ValueError: if a concrete ``a`` or ``b`` is not finite, or a traced one is not a scalar.
+    """
+    a, b = _act_param(a, "a", "ABRelu"), _act_param(b, "b", "ABRelu")
+
+    def fn(x):
+        return a * jnp.minimum(x, 0) + b * jnp.maximum(x, 0)
+
+    def moments(c, v1, v2, want_dot):
+        # sqrt(v1 v2 - c^2) = sqrt(v1 v2) sin(theta), written as (s - c)(s + c) so that it is
+        # exactly 0 at coincident points even when XLA contracts v1 v2 - c^2 into an FMA.
+        # Correlations within 16 ulps of +-1 are taken as exactly +-1 (collinear inputs):
+        # beyond that the inputs' rounding cannot resolve the angle, and the square root
+        # would turn last-bit noise into ~1e-8 errors and tiny negative eigenvalues.
+        root = jnp.sqrt(v1 * v2)
+        tol = 16 * jnp.finfo(c.dtype).eps * root
+        lo, hi = root - c, root + c
+        lo = jnp.where(lo <= tol, 0.0, lo)
+        hi = jnp.where(hi <= tol, 0.0, hi)
+        prod = lo * hi
+        # Double where: sqrt's derivative at 0 is infinite, and inf * 0 would poison
+        # hyperparameter gradients at coincident points; values are unchanged.
+        sin_part = jnp.where(prod > 0, jnp.sqrt(jnp.where(prod > 0, prod, 1.0)), 0.0)
+        theta = _atan2(sin_part, c)
+        slope = (a - b) ** 2 / (2 * math.pi)
+        dot = (a * a + b * b) / 2 - slope * theta
+        return slope * sin_part + dot * c, (dot if want_dot else None)
+
+    def diag(v):
+        # theta = 0 on the diagonal; equal, bit for bit, to moments(v, v, v).
+        return ((a * a + b * b) / 2) * v
+
+    return _activation(f"ABRelu({_fmt(a)}, {_fmt(b)})", fn, moments, diag)
+
+
+def Relu() -> Layer:
+    """phi(x) = max(x, 0).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)``: `ABRelu` with ``a = 0``, ``b = 1``, named "Relu".
+    """
+    layer = ABRelu(0.0, 1.0)
+    layer.name = "Relu"
+    return layer
+
+
+def LeakyRelu(alpha: float) -> Layer:
+    """phi(x) = x for x > 0, alpha x otherwise.
+
+    Args:
+        alpha: slope for negative inputs, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)``: `ABRelu` with ``a = alpha``, ``b = 1``.
+
+    Raises:
+        TypeError: if ``alpha`` is not a number.
+        ValueError: if a concrete ``alpha`` is not finite.
+    """
+    layer = ABRelu(_act_param(alpha, "alpha", "LeakyRelu"), 1.0)
+    layer.name = f"LeakyRelu({_fmt(alpha)})"
+    return layer
+
+
+def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
+    """phi(x) = a erf(b x) + c (Williams 1997).
+
+    E[erf(bu) erf(bv)] = (2/pi) arcsin(2 b^2 c / sqrt((1 + 2 b^2 v1)(1 + 2 b^2 v2))),
+    E[phi' phi'] = a^2 b^2 (4/pi) / sqrt((1 + 2b^2 v1)(1 + 2b^2 v2) - 4 b^4 c^2).
+
+    (In these two formulas ``c`` is the cross covariance; the argument ``c`` adds ``c^2`` to E[phi phi].)
+
+    Args:
+        a: output scale, a finite number (may be traced).
+        b: input scale, a finite number (may be traced).
+        c: constant output shift, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``a``, ``b`` or ``c`` is not a number.
+        ValueError: if a concrete one of them is not finite.
+    """
+    a, b, shift = (_act_param(v, n, "Erf") for v, n in ((a, "a"), (b, "b"), (c, "c")))
+
+    def fn(x):
+        return a * jax.scipy.special.erf(b * x) + shift
+
+    def moments(cov, v1, v2, want_dot):
+        b2 = b * b
+        prod = (1 + 2 * b2 * v1) * (1 + 2 * b2 * v2)
+        det = jnp.maximum(prod - 4 * (b2 * cov) ** 2, 0.0)
+        val = a * a * (2 / math.pi) * _atan2(2 * b2 * cov, jnp.sqrt(det), x_nonnegative=True) + shift * shift
+        # rsqrt(det) rather than 1 / sqrt(det): a square root with two consumers would be its own
+        # XLA fusion (and array), while each of these fuses into its single consumer.
+        dot = a * a * b2 * (4 / math.pi) * lax.rsqrt(det) if want_dot else None
+        return val, dot
+
+    def diag(v):
+        # (1 + 2 b^2 v)^2 - 4 b^4 v^2 = 1 + 4 b^2 v. One value per point: the library atan2 is fast
+        # enough here, and cheaper to compile than `_atan2`.
+        b2v = b * b * v
+        return a * a * (2 / math.pi) * jnp.arctan2(2 * b2v, jnp.sqrt(1 + 4 * b2v)) + shift * shift
+
+    return _activation(f"Erf({_fmt(a)}, {_fmt(b)}, {_fmt(shift)})", fn, moments, diag)
+
+
+def Gelu(approximate: bool = False) -> Layer:
+    """phi(x) = x Phi(x) (Tsuchida et al. 2021 give the NNGP).
+
+    With P = (1 + v1)(1 + v2), D^2 = P - c^2, A = arctan(c / D):
+    E[phi phi] = c/4 + [c A + (c^2 + v1 v2 D^2) / (P D)] / (2 pi),
+    E[phi' phi'] = 1/4 + A / (2 pi) + c (1/D^2 + (1 - v1 v2)/P + 1) / (2 pi D).
+    ``approximate`` only changes the finite network (tanh approximation).
+
+    Args:
+        approximate: if true, ``apply_fn`` uses the tanh approximation of GELU; the kernel is always the exact one.
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+    """
+
+    def fn(x):
+        return jax.nn.gelu(x, approximate=approximate)
+
+    def moments(c, v1, v2, want_dot):
+        prod_plus = (1 + v1) * (1 + v2)
+        prod = v1 * v2
+        d2 = prod_plus - c * c
+        d = _safe_sqrt(d2)
+        angle = _atan2(c, d, x_nonnegative=True)
+        val = 0.25 * c + (c * angle + (c * c + prod * d2) / (prod_plus * d)) / (2 * math.pi)
+        dot = None
+        if want_dot:
+            dot = 0.25 + angle / (2 * math.pi) + c * (1 / d2 + (1 - prod) / prod_plus + 1) / (2 * math.pi * d)
+        return val, dot
+
+    return _activation("Gelu", fn, moments)
+
+
+def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
+    """phi(x) = a sin(b x + c).
+
+    E[phi phi] = a^2/2 [e^{-b^2 (v1 + v2 - 2c)/2} - e^{-b^2 (v1 + v2 + 2c)/2} cos 2c_phase].
+
+    (In this formula ``c`` is the cross covariance and ``c_phase`` the argument ``c``.)
+
+    Args:
+        a: output scale, a finite number (may be traced).
+        b: frequency, a finite number (may be traced).
+        c: phase, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``a``, ``b`` or ``c`` is not a number.
+        ValueError: if a concrete one of them is not finite.
+    """
+    a, b, phase = (_act_param(v, n, "Sin") for v, n in ((a, "a"), (b, "b"), (c, "c")))
+    cos_2phase = jnp.cos(2 * phase) if isinstance(phase, jax.core.Tracer) else math.cos(2 * phase)
+
+    def fn(x):
+        return a * jnp.sin(b * x + phase)
+
+    def moments(cov, v1, v2, want_dot):
+        half = -0.5 * (v1 + v2)
+        s1 = jnp.exp(b * b * (half + cov))
+        s2 = jnp.exp(b * b * (half - cov)) * cos_2phase
+        val = 0.5 * a * a * (s1 - s2)
+        dot = 0.5 * a * a * b * b * (s1 + s2) if want_dot else None
+        return val, dot
+
+    return _activation(f"Sin({_fmt(a)}, {_fmt(b)}, {_fmt(phase)})", fn, moments)
+
+
+def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
+    """phi(x) = a exp(b x^2).
+
+    E[phi phi] = a^2 / sqrt((1 - 2b v1)(1 - 2b v2) - 4 b^2 c^2); the derivative
+    kernel is a^2 4 b^2 c / det^{3/2}.
+
+    Args:
+        a: output scale, a finite number (may be traced).
+        b: exponent coefficient, a finite number (may be traced); the default -1 gives a bump. A positive ``b``
+            makes the moments finite only while ``det > 0``.
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``a`` or ``b`` is not a number.
+        ValueError: if a concrete ``a`` or ``b`` is not finite.
+    """
+    a, b = _act_param(a, "a", "Gaussian"), _act_param(b, "b", "Gaussian")
+
+    def fn(x):
+        return a * jnp.exp(b * x * x)
+
+    def moments(c, v1, v2, want_dot):
+        det = (1 - 2 * b * v1) * (1 - 2 * b * v2) - 4 * b * b * c * c
+        root = _safe_sqrt(det)
+        val = a * a / root
+        dot = a * a * 4 * b * b * c / root**3 if want_dot else None
+        return val, dot
+
+    return _activation(f"Gaussian({_fmt(a)}, {_fmt(b)})", fn, moments)
+
+
+def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> Layer:
+    """Any elementwise phi by ``deg``-point Gauss-Hermite quadrature in two dimensions.
+
+    (u, v) = (sqrt(2 v1) x, c sqrt(2 / v1) x + sqrt(2 (v2 - c^2 / v1)) y) with
+    x, y the Hermite nodes (the Cholesky factor of the 2x2 covariance); the
+    NTK uses phi' from `jax.grad` unless ``df`` is given. Cost and memory grow
+    as deg^2 per kernel entry.
+
+    Args:
+        fn: the activation phi, a callable on JAX arrays applied elementwise.
+        deg: number of Gauss-Hermite nodes per dimension (a positive int).
+        df: derivative phi' for the NTK, elementwise; ``None`` uses ``jax.grad(fn)``, vectorised.
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine
+        layer. Its kernel is not exactly symmetric under swapping ``x1`` and ``x2`` (the quadrature rule is not).
+
+    Raises:
+        ValueError: if ``deg`` is not a positive integer.
+        TypeError: if ``fn`` is not callable.
+    """
+    if not isinstance(deg, (int, np.integer)) or deg < 1:
+        raise ValueError(f"ElementwiseNumerical: deg must be a positive integer, got {deg!r}")
+    if not callable(fn):
+        raise TypeError(f"ElementwiseNumerical: fn must be callable, got {type(fn).__name__}")
+    nodes, weights = np.polynomial.hermite.hermgauss(int(deg))
+    dfn = df if df is not None else jnp.vectorize(jax.grad(fn))
+
+    def integrate(f, c, v1, v2):
+        dtype = c.dtype
+        x = jnp.asarray(nodes, dtype)
+        w = jnp.asarray(weights, dtype)
+        c, v1, v2 = jnp.broadcast_arrays(c, v1, v2)
+        safe_v1 = jnp.maximum(v1, jnp.finfo(dtype).tiny)
+        scale_u = jnp.sqrt(2 * v1)
+        slope = c * jnp.sqrt(2 / safe_v1)
+        rest = _safe_sqrt(2 * (v2 - c * c / safe_v1))[..., None]
+
+        # One outer node at a time keeps memory at (entries x deg), not deg^2.
+        def body(acc, node):
+            xi, wi = node
+            inner = f((slope * xi)[..., None] + rest * x) @ w
+            return acc + wi * f(scale_u * xi) * inner, None
+
+        total, _ = lax.scan(body, jnp.zeros_like(c), (x, w))
+        return total / math.pi
+
+    def moments(c, v1, v2, want_dot):
+        val = integrate(fn, c, v1, v2)
+        dot = integrate(dfn, c, v1, v2) if want_dot else None
+        return val, dot
+
+    name = getattr(fn, "__name__", "fn")
+    return _activation(f"ElementwiseNumerical({name}, deg={deg})", fn, moments, symmetric=False)
