@@ -8,4 +8,11 @@ if [ ! -x "$ORACLE/bin/python" ]; then
   python3.11 -m venv "$ORACLE"
   "$ORACLE/bin/pip" install -q jax==0.4.23 jaxlib==0.4.23 neural-tangents==0.6.5 "numpy<2" "scipy<1.13"
 fi
-"$ORACLE/bin/python" tests/golden/generate.py
+# With arguments: only the named case modules (e.g. cases_attention); without: every layer case and every
+# other fixture family (tests/golden/generate_*.py: empirical kernels, predict).
+"$ORACLE/bin/python" tests/golden/generate.py "$@"
+if [ "$#" -eq 0 ]; then
+  for extra in tests/golden/generate_*.py; do
+    if [ -e "$extra" ]; then "$ORACLE/bin/python" "$extra"; fi
+  done
+fi

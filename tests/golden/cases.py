@@ -6,7 +6,6 @@ environment) and with ``smnngp.stax`` by the tests, so the very same spec is
 run by both.
 """
 
-import numpy as np
 
 DENSE_IN = ((7, 5), (6, 5))
 CNN1D_IN = ((4, 10, 3), (3, 10, 3))
@@ -112,13 +111,3 @@ def build_cases(stax, jnp):
                  S.parallel(S.serial(S.Erf(), conv(16, (3,), padding="SAME")), S.Identity()), S.FanInSum(),
                  S.Relu(), S.Flatten(), S.Dense(1)), CNN1D_IN)
     return cases
-
-
-def make_inputs(name, shapes):
-    """Deterministic inputs for a case (independent of either library)."""
-    seed = sum(ord(ch) for ch in name)
-    rng = np.random.RandomState(seed)
-    s1, s2 = shapes
-    x1 = rng.normal(size=s1)
-    x2 = None if s2 is None else rng.normal(size=s2)
-    return x1, x2
