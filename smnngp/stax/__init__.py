@@ -47,46 +47,35 @@ residual blocks) and `smnngp.variational` trains its kernel.
 Layout of the package (one module per family; every public name is re-exported
 here, so ``smnngp.stax.Dense`` and ``from smnngp.stax import serial`` are the
 import paths to use): `smnngp.stax._core` (the `Layer` type, the public
-``kernel_fn``, shared helpers), `linear` (Dense, Conv), `pooling`,
-`elementwise`, `combinators`, `parametric`.
+``kernel_fn``, shared helpers), `linear` (dense and convolutional layers),
+`pooling`, `shape` (indexing, slicing, resizing, contractions),
+`elementwise`, `attention`, `normalization` (LayerNorm, Dropout), `graphs`
+(Aggregate), `combinators`, `parametric`. Each module lists its public names
+in ``__all__``; this package exports their union.
 """
 
-from smnngp.stax._core import Layer
-from smnngp.stax.combinators import FanInConcat, FanInSum, FanOut, Identity, parallel, serial
-from smnngp.stax.elementwise import (
-    ABRelu,
-    ElementwiseNumerical,
-    Erf,
-    Gaussian,
-    Gelu,
-    LeakyRelu,
-    Relu,
-    Sin,
-)
-from smnngp.stax.linear import Conv, Dense
-from smnngp.stax.parametric import parametric_kernel
-from smnngp.stax.pooling import AvgPool, Flatten, GlobalAvgPool
 
-__all__ = [
-    "Layer",
-    "Dense",
-    "Conv",
-    "Flatten",
-    "AvgPool",
-    "GlobalAvgPool",
-    "Identity",
-    "Relu",
-    "ABRelu",
-    "LeakyRelu",
-    "Erf",
-    "Gelu",
-    "Sin",
-    "Gaussian",
-    "ElementwiseNumerical",
-    "serial",
-    "parallel",
-    "FanOut",
-    "FanInSum",
-    "FanInConcat",
-    "parametric_kernel",
-]
+from smnngp.stax import (
+    attention,
+    combinators,
+    elementwise,
+    graphs,
+    linear,
+    normalization,
+    parametric,
+    pooling,
+    shape,
+)
+from smnngp.stax._core import Layer
+from smnngp.stax.attention import *  # noqa: F403
+from smnngp.stax.combinators import *  # noqa: F403
+from smnngp.stax.elementwise import *  # noqa: F403
+from smnngp.stax.graphs import *  # noqa: F403
+from smnngp.stax.linear import *  # noqa: F403
+from smnngp.stax.normalization import *  # noqa: F403
+from smnngp.stax.parametric import *  # noqa: F403
+from smnngp.stax.pooling import *  # noqa: F403
+from smnngp.stax.shape import *  # noqa: F403
+
+_FAMILIES = (linear, pooling, shape, elementwise, attention, normalization, graphs, combinators, parametric)
+__all__ = ["Layer"] + [name for module in _FAMILIES for name in module.__all__]

@@ -20,6 +20,8 @@ from smnngp.stax._core import (
 # Combinators
 # ---------------------------------------------------------------------------
 
+__all__ = ["serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Identity"]
+
 
 def serial(*layers) -> Layer:
     """Compose layers left to right.

@@ -22,6 +22,8 @@ from smnngp.stax._core import (
 # Activations
 # ---------------------------------------------------------------------------
 
+__all__ = ["Relu", "ABRelu", "LeakyRelu", "Erf", "Gelu", "Sin", "Gaussian", "ElementwiseNumerical"]
+
 
 def _pair_variances(k: Kernel):
     """Variances matching each entry of nngp, cov1 and cov2 (broadcastable)."""

@@ -28,6 +28,8 @@ from smnngp.stax._core import (
 # Affine layers
 # ---------------------------------------------------------------------------
 
+__all__ = ["Dense", "Conv"]
+
 
 def Dense(
     out_dim: int,

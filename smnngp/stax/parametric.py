@@ -19,6 +19,8 @@ from smnngp.stax._core import (
 # Hyperparameters as a pytree
 # ---------------------------------------------------------------------------
 
+__all__ = ["parametric_kernel"]
+
 
 def parametric_kernel(arch: Callable, init, *, floor=0.0) -> ParametricKernel:
     """The NNGP of an architecture whose scales are a pytree, as a `smnngp.kernels.ParametricKernel`.

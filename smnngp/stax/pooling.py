@@ -25,6 +25,8 @@ from smnngp.stax._core import (
 # Pooling and reshaping
 # ---------------------------------------------------------------------------
 
+__all__ = ["AvgPool", "GlobalAvgPool", "Flatten"]
+
 
 def AvgPool(
     window_shape: Sequence[int],
