@@ -251,8 +251,11 @@ def batched_kernel_fn(
     When ``x2`` is ``None`` only the tiles on and above the block diagonal are
     computed and the rest is filled by symmetry.
 
-    The returned function has the signature ``fn(x1, x2=None, get=('nngp','ntk'))``
-    and returns numpy arrays in the same structure as ``kernel_fn``.
+    The returned function has the signature ``fn(x1, x2=None, get=('nngp','ntk'),
+    *args, **kwargs)`` and returns numpy arrays in the same structure as
+    ``kernel_fn``; ``args`` and ``kwargs`` go to every call of ``kernel_fn``
+    (the ``params`` of an empirical kernel, ``diagonal_spatial=True``): array
+    values are traced and replicated on every device, others are static.
 
     Args:
         kernel_fn: ``kernel_fn(x1, x2, get=...)`` to evaluate; it must return a named tuple of the requested
@@ -281,23 +284,34 @@ def batched_kernel_fn(
 
     compiled_cache: dict = {}
 
-    def group_fn(get_key):
-        if get_key not in compiled_cache:
+    def group_fn(get_key, static_kwargs, n_args):
+        key = (get_key, static_kwargs, n_args)
+        if key not in compiled_cache:
             names = get_key
 
-            def one_tile(a, b):
-                out = kernel_fn(a, b, get=names)
+            def one_tile(a, b, extra):
+                args, array_kwargs = extra
+                out = kernel_fn(a, b, names, *args, **array_kwargs, **dict(static_kwargs))
                 return tuple(getattr(out, n) for n in names)
 
-            compiled_cache[get_key] = jax.jit(
-                jax.vmap(one_tile), in_shardings=(tile_sharding, tile_sharding), out_shardings=replicated
+            compiled_cache[key] = jax.jit(
+                jax.vmap(one_tile, in_axes=(0, 0, None)),
+                in_shardings=(tile_sharding, tile_sharding, replicated),
+                out_shardings=replicated,
             )
-        return compiled_cache[get_key]
+        return compiled_cache[key]
 
-    def fn(x1, x2=None, get=("nngp", "ntk")):
+    def fn(x1, x2=None, get=("nngp", "ntk"), *args, **kwargs):
         names, single = canonical_get(get)
         if names is None:
             names, single = ("nngp", "ntk"), False
+        if "pattern" in kwargs and kwargs["pattern"] is not None:
+            raise ValueError("batched_kernel_fn: a per-point keyword (pattern) cannot be tiled; call kernel_fn "
+                             "directly")
+        # Array-valued extras (the params of an empirical kernel_fn) are traced and replicated on every device;
+        # the others (diagonal_spatial=True, ...) are static.
+        array_kwargs = {k: v for k, v in kwargs.items() if _is_array_tree(v)}
+        static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if k not in array_kwargs))
         x1 = np.asarray(x1)
         symmetric = x2 is None
         x2 = x1 if symmetric else np.asarray(x2)
@@ -308,14 +322,16 @@ def batched_kernel_fn(
         n1, n2 = x1.shape[0], x2.shape[0]
         b = batch_size
         if b is None:
-            b = _choose_batch_size(kernel_fn, x1, x2, names, max_memory_bytes, max(n1, n2))
+            sized = functools.partial(_with_extras, kernel_fn, args, array_kwargs, static_kwargs)
+            b = _choose_batch_size(sized, x1, x2, names, max_memory_bytes, max(n1, n2))
         b1, b2 = min(b, n1), min(b, n2)
         t1, t2 = -(-n1 // b1), -(-n2 // b2)
         x1p = _pad_rows(x1, t1 * b1).reshape((t1, b1) + x1.shape[1:])
         x2p = _pad_rows(x2, t2 * b2).reshape((t2, b2) + x2.shape[1:])
         pairs = [(i, j) for i in range(t1) for j in range(t2) if not (symmetric and j < i)]
         group = len(devs)
-        tile = group_fn(names)
+        tile = group_fn(names, static_kwargs, len(args))
+        extra = (tuple(args), array_kwargs)
         outs = [None] * len(names)
         iterator = range(0, len(pairs), group)
         if progress:
@@ -328,7 +344,7 @@ def batched_kernel_fn(
             padded = chunk + [chunk[-1]] * (group - len(chunk))
             a = x1p[np.array([p[0] for p in padded])]
             c = x2p[np.array([p[1] for p in padded])]
-            results = [np.asarray(r) for r in tile(a, c)]
+            results = [np.asarray(r) for r in tile(a, c, extra)]
             for r_idx, res in enumerate(results):
                 if outs[r_idx] is None:
                     tail = res.shape[3:]
@@ -341,6 +357,15 @@ def batched_kernel_fn(
         return pack(names, single, (o[:n1, :n2] for o in outs))
 
     return fn
+
+
+def _is_array_tree(value) -> bool:
+    leaves = jax.tree_util.tree_leaves(value)
+    return bool(leaves) and all(isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves)
+
+
+def _with_extras(kernel_fn, args, array_kwargs, static_kwargs, x1, x2, get):
+    return kernel_fn(x1, x2, get, *args, **array_kwargs, **dict(static_kwargs))
 
 
 def _swap_pair(block: np.ndarray) -> np.ndarray:
