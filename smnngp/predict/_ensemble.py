@@ -1,0 +1,334 @@
+"""The Gaussian law of gradient-flow-trained infinite networks (see the `smnngp.predict` package docstring).
+
+Holds :class:`Gaussian`, :func:`max_learning_rate` and :func:`gradient_descent_mse_ensemble`, with the input
+checks the other modules of the package share.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from smnngp import linalg
+from smnngp.kernels import canonical_get, pack
+
+__all__ = ["Gaussian", "gradient_descent_mse_ensemble", "max_learning_rate"]
+
+class Gaussian(NamedTuple):
+    """Mean ``(..., M, C)`` (or ``(..., M)`` for 1-D targets) and covariance ``(..., M, M)``, shared by the outputs.
+
+    Attributes:
+        mean: predictive mean at the M points, (..., M, C) or (..., M); leading axes are those of the training
+            time ``t``.
+        covariance: covariance between the M points, (..., M, M), the same for every output.
+    """
+
+    mean: Any
+    covariance: Any
+
+
+# ---------------------------------------------------------------------------
+# Input checks
+# ---------------------------------------------------------------------------
+
+
+def _float_array(x, name: str, where: str) -> jax.Array:
+    if not hasattr(x, "shape"):
+        try:
+            x = np.asarray(x)
+        except Exception:  # pragma: no cover - exotic inputs
+            raise TypeError(f"{where}: {name} must be an array, got {type(x).__name__}") from None
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == bool:
+            x = x.astype(jnp.result_type(float))
+        else:
+            raise TypeError(f"{where}: {name} must be real, got dtype {x.dtype}")
+    if not bool(jnp.all(jnp.isfinite(x))):
+        bad = int(jnp.sum(~jnp.isfinite(x)))
+        raise ValueError(f"{where}: {name} has {bad} non-finite (NaN or inf) entries")
+    return x
+
+
+def _check_scalar(value, name: str, where: str, *, positive: bool) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: {name} must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
+        kind = "positive" if positive else "non-negative"
+        raise ValueError(f"{where}: {name} must be {kind} and finite, got {value}")
+    return v
+
+
+def _canonical_time(t):
+    """``None`` for t = None / scalar inf (the Cholesky path), else a float array of non-negative times."""
+    if t is None:
+        return None
+    arr = np.asarray(t, dtype=float) if not hasattr(t, "dtype") else np.asarray(t).astype(float)
+    if arr.size == 0:
+        raise ValueError("predict_fn: t is empty")
+    if np.isnan(arr).any():
+        raise ValueError("predict_fn: t contains NaN")
+    if (arr < 0).any():
+        raise ValueError(f"predict_fn: training time t must be non-negative, got min {arr.min():g}")
+    if arr.ndim == 0 and np.isinf(arr):
+        return None
+    return arr
+
+
+def _as_matrix(k, name: str, shape: tuple[int, int]) -> jax.Array:
+    k = jnp.asarray(k)
+    if k.shape != shape:
+        raise ValueError(
+            f"gradient_descent_mse_ensemble: kernel_fn returned a {name} kernel of shape {tuple(k.shape)}, expected "
+            f"{shape} (one kernel per output channel; flatten or pool spatial axes before the readout layer)"
+        )
+    return k
+
+
+# ---------------------------------------------------------------------------
+# The Gaussian ensemble
+# ---------------------------------------------------------------------------
+
+
+def max_learning_rate(ntk_train_train, y_train_size: int | None = None) -> float:
+    """Largest stable full-batch GD learning rate for the convention above: ``2 n / lambda_max(Theta)``.
+
+    One GD step maps the training residual by ``I - eta Theta / n``, a contraction iff ``eta < 2 n / lambda_max``.
+
+    Args:
+        ntk_train_train: the NTK (or NNGP kernel, for readout-only training) on the training inputs, (N, N).
+        y_train_size: ``n``, the number of target entries the MSE averages over (N times the number of outputs
+            C); ``None`` means N (one output).
+
+    Returns:
+        ``2 n / lambda_max`` as a Python float.
+
+    Raises:
+        ValueError: if ``ntk_train_train`` is not a non-empty square matrix or has no positive eigenvalue.
+    """
+    theta = linalg.check_square(jnp.asarray(ntk_train_train), "ntk_train_train")
+    n = theta.shape[0] if y_train_size is None else int(y_train_size)
+    lam = float(jnp.linalg.eigvalsh(theta)[-1])
+    if not lam > 0:
+        raise ValueError(f"max_learning_rate: the NTK has no positive eigenvalue (largest {lam:g})")
+    return 2.0 * n / lam
+
+
+def gradient_descent_mse_ensemble(
+    kernel_fn: Callable,
+    x_train,
+    y_train,
+    *,
+    diag_reg: float = 0.0,
+    diag_reg_absolute_scale: bool = False,
+    learning_rate: float = 1.0,
+) -> Callable:
+    """Gaussian law of infinitely wide networks trained by gradient flow on the MSE (module docstring).
+
+    Args:
+      kernel_fn: ``kernel_fn(x1, x2, get)`` returning the NNGP / NTK (e.g. from
+        `smnngp.stax`); for the scale mixtures of the paper its last layer has ``W_std=1``.
+      x_train: (N, ...) training inputs.
+      y_train: (N,) or (N, C) training targets.
+      diag_reg: relative diagonal regulariser (see the module docstring).
+      diag_reg_absolute_scale: take ``diag_reg`` in absolute units.
+      learning_rate: ``eta``; only ``eta * t`` matters.
+
+    Returns:
+      ``predict_fn(t=None, x_test=None, get=None, compute_cov=True)``:
+
+      * ``t``: training time, a scalar or an array of any shape (leading axes of
+        the result); ``None`` or ``inf`` means converged (``t -> inf``);
+      * ``x_test``: (M, ...) test inputs; ``None`` means the training inputs,
+        for which ``f_t(X)`` has mean ``(I - E) Y`` and covariance ``E K E``
+        with ``E = exp(-eta t Theta_reg / n)`` (``Y`` and 0 at ``t = inf``);
+        with ``diag_reg = 0`` this equals ``x_test=x_train``;
+      * ``get``: ``'nngp'`` (readout-only training), ``'ntk'`` (all layers) or
+        a tuple of them; ``None`` means ``('nngp', 'ntk')``;
+      * returns a :class:`Gaussian` ``(mean, covariance)`` (just the mean with
+        ``compute_cov=False``), or a named tuple of them for a tuple ``get``.
+    """
+    where = "gradient_descent_mse_ensemble"
+    if not callable(kernel_fn):
+        raise TypeError(f"{where}: kernel_fn must be callable, got {type(kernel_fn).__name__}")
+    x_train = _float_array(x_train, "x_train", where)
+    y_train = _float_array(y_train, "y_train", where)
+    if x_train.ndim < 2:
+        raise ValueError(f"{where}: x_train must have a batch axis and a feature axis, got shape {x_train.shape}")
+    if y_train.ndim not in (1, 2):
+        raise ValueError(f"{where}: y_train must be (N,) or (N, C), got shape {y_train.shape}")
+    if y_train.shape[0] != x_train.shape[0]:
+        raise ValueError(
+            f"{where}: x_train has {x_train.shape[0]} points but y_train has {y_train.shape[0]} rows "
+            f"(shapes {x_train.shape} and {y_train.shape})"
+        )
+    diag_reg = _check_scalar(diag_reg, "diag_reg", where, positive=False)
+    learning_rate = _check_scalar(learning_rate, "learning_rate", where, positive=True)
+    squeeze = y_train.ndim == 1
+    y2 = y_train[:, None] if squeeze else y_train
+    n_train, n_norm = x_train.shape[0], y2.size
+
+    cache: dict[str, Any] = {}
+
+    def kernels(x1, x2, names):
+        out = kernel_fn(x1, x2, tuple(names))
+        return {n: getattr(out, n) for n in names}
+
+    def train_kernel(name: str) -> jax.Array:
+        if name not in cache:
+            want = ("nngp",) if name == "nngp" else ("nngp", "ntk")
+            got = kernels(x_train, None, want)
+            for n in want:
+                cache[n] = _as_matrix(got[n], f"train-train {n}", (n_train, n_train))
+        return cache[name]
+
+    def regularised(name: str) -> jax.Array:
+        k = train_kernel(name)
+        scale = 1.0 if diag_reg_absolute_scale else jnp.mean(jnp.diag(k))
+        return k + (diag_reg * scale) * jnp.eye(n_train, dtype=k.dtype)
+
+    def eig(name: str):
+        key = "eig_" + name
+        if key not in cache:
+            lam, U = linalg.eigh_psd(regularised(name), name=f"train {name} kernel")
+            tol = n_train * float(jnp.finfo(lam.dtype).eps) * 10 * float(jnp.max(lam))
+            cache[key] = (lam, U, lam > tol)
+        return cache[key]
+
+    def chol(name: str) -> jax.Array:
+        key = "chol_" + name
+        if key not in cache:
+            fac = linalg.cholesky(regularised(name), name=f"train {name} kernel (+ diag_reg)")
+            if fac.jitter > 0:
+                warnings.warn(
+                    f"{where}: the train {name} kernel is numerically singular; added jitter {fac.jitter:.3g} "
+                    f"(pass diag_reg > 0 to control the regularisation)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            cache[key] = fac.L
+        return cache[key]
+
+    def predict_fn(t=None, x_test=None, get=None, compute_cov: bool = True):
+        names, single = canonical_get(("nngp", "ntk") if get is None else get)
+        t_arr = _canonical_time(t)
+        if x_test is not None:
+            x_test = _float_array(x_test, "x_test", "predict_fn")
+            if x_test.ndim != x_train.ndim or x_test.shape[1:] != x_train.shape[1:]:
+                raise ValueError(
+                    f"predict_fn: x_test {tuple(x_test.shape)} must match x_train {tuple(x_train.shape)} beyond the "
+                    f"batch axis"
+                )
+        dtype = train_kernel("nngp").dtype
+        y = y2.astype(dtype)
+        test = None
+        if x_test is not None:
+            m = x_test.shape[0]
+            want = sorted(set(names) | ({"nngp"} if compute_cov else set()))
+            k_td = kernels(x_test, x_train, want)
+            test = {n: _as_matrix(v, f"test-train {n}", (m, n_train)) for n, v in k_td.items()}
+            if compute_cov:
+                test["nngp_tt"] = _as_matrix(kernels(x_test, None, ("nngp",))["nngp"], "test-test nngp", (m, m))
+        outs = []
+        for name in names:
+            if t_arr is None:
+                mean, cov = _predict_inf(name, y, test, compute_cov, train_kernel, chol)
+            else:
+                mean, cov = _predict_finite(name, y, test, compute_cov, t_arr, learning_rate, n_norm, train_kernel, eig)
+            if squeeze:
+                mean = mean[..., 0]
+            outs.append(Gaussian(mean, cov) if compute_cov else mean)
+        return pack(names, single, outs)
+
+    return predict_fn
+
+
+def _sym(c):
+    return 0.5 * (c + jnp.swapaxes(c, -1, -2))
+
+
+def _predict_inf(name, y, test, compute_cov, train_kernel, chol):
+    if test is None:  # converged training outputs interpolate the targets exactly
+        n = y.shape[0]
+        return y, (jnp.zeros((n, n), y.dtype) if compute_cov else None)
+    k_dd = train_kernel("nngp") if (compute_cov and name == "ntk") else None
+    return _inf_core(chol(name), y, test[name], test.get("nngp"), test.get("nngp_tt"), k_dd,
+                     ntk=name == "ntk", compute_cov=compute_cov)
+
+
+@functools.partial(jax.jit, static_argnames=("ntk", "compute_cov"))
+def _inf_core(L, y, k_td_g, k_td, k_tt, k_dd, *, ntk: bool, compute_cov: bool):
+    mean = k_td_g @ linalg.cho_solve(L, y)
+    if not compute_cov:
+        return mean, None
+    if not ntk:
+        v = linalg.solve_triangular(L, k_td.T)
+        return mean, _sym(k_tt - v.T @ v)
+    b = linalg.cho_solve(L, k_td_g.T)  # Theta^{-1} Theta(X, x*)
+    cross = k_td @ b
+    return mean, _sym(k_tt + b.T @ k_dd @ b - cross - cross.T)
+
+
+def _predict_finite(name, y, test, compute_cov, t_arr, learning_rate, n_norm, train_kernel, eig):
+    lam, U, pos = eig(name)
+    rate = jnp.asarray((learning_rate * t_arr.reshape(-1)) / n_norm, lam.dtype)[:, None]  # (T, 1)
+    k_dd = train_kernel("nngp") if compute_cov else None
+    if test is None:
+        mean, cov = _finite_train_core(lam, U, pos, rate, y, k_dd, compute_cov=compute_cov)
+    else:
+        mean, cov = _finite_test_core(lam, U, pos, rate, y, test[name], test.get("nngp"), test.get("nngp_tt"), k_dd,
+                                      ntk=name == "ntk", compute_cov=compute_cov)
+    mean = mean.reshape(t_arr.shape + mean.shape[1:])
+    if cov is not None:
+        cov = cov.reshape(t_arr.shape + cov.shape[1:])
+    return mean, cov
+
+
+def _decay(lam, pos, rate):
+    """Eigenvalues of exp(-eta t Theta / n): 1 on the null space, 0 elsewhere at t = inf."""
+    inf = jnp.isinf(rate)
+    z = jnp.where(pos, lam * jnp.where(inf, 0.0, rate), 0.0)
+    return jnp.where(inf, jnp.where(pos, 0.0, 1.0), jnp.exp(-z))
+
+
+def _coef(lam, pos, rate):
+    """Eigenvalues of Theta^{-1} (I - exp(-eta t Theta / n)): (1 - e^{-lam r}) / lam, r on the null space, and the
+    pseudo-inverse (1 / lam, 0 on the null space) at r = inf."""
+    inf = jnp.isinf(rate)
+    lam_safe = jnp.where(pos, lam, 1.0)
+    z = jnp.where(pos, lam * jnp.where(inf, 0.0, rate), 0.0)
+    finite = jnp.where(pos, -jnp.expm1(-z) / lam_safe, rate)
+    return jnp.where(inf, jnp.where(pos, 1.0 / lam_safe, 0.0), finite)
+
+
+@functools.partial(jax.jit, static_argnames=("compute_cov",))
+def _finite_train_core(lam, U, pos, rate, y, k_dd, *, compute_cov: bool):
+    decay = _decay(lam, pos, rate)  # (T, N)
+    mean = jnp.einsum("ji,ti,ic->tjc", U, 1.0 - decay, U.T @ y)
+    if not compute_cov:
+        return mean, None
+    E = jnp.einsum("ji,ti,ki->tjk", U, decay, U)
+    return mean, _sym(E @ k_dd @ E)
+
+
+@functools.partial(jax.jit, static_argnames=("ntk", "compute_cov"))
+def _finite_test_core(lam, U, pos, rate, y, k_td_g, k_td, k_tt, k_dd, *, ntk: bool, compute_cov: bool):
+    c = _coef(lam, pos, rate)  # (T, N)
+    tu = k_td_g @ U  # Theta(x*, X) U
+    mean = jnp.einsum("mi,ti,ic->tmc", tu, c, U.T @ y)
+    if not compute_cov:
+        return mean, None
+    if not ntk:
+        return mean, _sym(k_tt - jnp.einsum("mi,ti,li->tml", tu, _coef(lam, pos, 2.0 * rate), tu))
+    A = jnp.einsum("mi,ti,ji->tmj", tu, c, U)  # A_t(x*)
+    cross = A @ k_td.T
+    return mean, _sym(k_tt + A @ k_dd @ jnp.swapaxes(A, -1, -2) - cross - jnp.swapaxes(cross, -1, -2))
