@@ -50,8 +50,13 @@ def test_matches_neural_tangents(name, precision):
     arrays = {k: v for k, v in kwargs.items() if k not in static}
     arrays = jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype) if np.issubdtype(a.dtype, np.floating)
                                     else jnp.asarray(a), arrays)
-    kernel_fn = jax.jit(lambda a, b, kw: layer[2](a, b, ("nngp", "ntk"), **static, **kw))
+    get = None if opts.get("covs") else ("nngp", "ntk")
+    kernel_fn = jax.jit(lambda a, b, kw: layer[2](a, b, get, **static, **kw))
     k = kernel_fn(x1, x2, arrays)
+    for cov in ("cov1", "cov2"):
+        if cov in gold:
+            assert getattr(k, cov).shape == gold[cov].shape
+            assert rel_err(getattr(k, cov), gold[cov]) <= tol
     assert k.nngp.dtype == dtype and k.ntk.dtype == dtype
     assert k.nngp.shape == gold["nngp"].shape
     assert rel_err(k.nngp, gold["nngp"]) <= tol

@@ -251,13 +251,27 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
 
 
 def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, layout):
-    def kernel_fn(x1, x2=None, get=None, *, pattern=None, **unused):
+    def kernel_fn(x1, x2=None, get=None, *, pattern=None, diagonal_batch=None, diagonal_spatial=None, **unused):
+        """The infinite-width kernel of the layer (see `smnngp.stax`).
+
+        ``diagonal_spatial=True`` returns the covariances of same positions only
+        (nngp (N1, N2, H, W, ...) instead of (N1, N2, H, H', W, W', ...)) for
+        outputs with spatial axes; ``diagonal_batch=False`` makes ``cov1`` (and
+        ``cov2``) of a returned `Kernel` the full (N1, N1, ...) covariance of
+        ``x1`` with itself, as neural-tangents' ``diagonal_batch=False``.
+        ``pattern=(pattern1, pattern2)`` goes to graph layers (`Aggregate`).
+        """
         if unused:
             raise TypeError(f"kernel_fn of {name}: unexpected keyword arguments {sorted(unused)}")
         names, _ = canonical_get(get)
+        for flag, value in (("diagonal_batch", diagonal_batch), ("diagonal_spatial", diagonal_spatial)):
+            if value is not None and not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"kernel_fn of {name}: {flag} must be True, False or None, got {value!r}")
+        diag_spatial = bool(diagonal_spatial)
         layer_kwargs = {} if pattern is None else {"pattern": pattern}
         if isinstance(x1, Kernel):
-            return _apply_to_kernel(name, kernel_map, needs_full, x1, x2, get, names, layer_kwargs)
+            k = _apply_to_kernel(name, kernel_map, needs_full, x1, x2, layer_kwargs)
+            return _finish(k, get, names, diag_spatial, None)
         _check_input(x1, "x1")
         if x2 is not None:
             _check_input(x2, "x2")
@@ -275,40 +289,66 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         out_spatial = any(len(s) > 2 for s in out_shapes)
         x1 = to_canonical(x1, layout)
         x2 = None if x2 is None else to_canonical(x2, layout)
-        full = needs_full(out_spatial) and x1.ndim > 2
+        full = needs_full(out_spatial and not diag_spatial) and x1.ndim > 2
         want_ntk = names is None or "ntk" in names
-        n_points, entries = x1.shape[0], x1.shape[0] ** 2 * math.prod(x1.shape[1:-1]) ** (2 if full else 1)
-        tile = symmetric and x2 is None and x1.ndim > 2 and not out_spatial and n_points >= 4 * _SYMMETRIC_TILES
-        if tile and entries >= _SYMMETRIC_MIN_ENTRIES and not layer_kwargs:
-            k = _symmetric_kernel_map(kernel_map, x1, full, want_ntk, _SYMMETRIC_TILES)
-        else:
-            k = kernel_map(_input_kernel(x1, x2, full, want_ntk), **layer_kwargs)
-        if isinstance(k, list):
-            return [select(ki, get) for ki in k]
-        return select(k, get)
+
+        def evaluate(a, b, want_ntk):
+            n_points, entries = a.shape[0], a.shape[0] ** 2 * math.prod(a.shape[1:-1]) ** (2 if full else 1)
+            tile = symmetric and b is None and a.ndim > 2 and not out_spatial and n_points >= 4 * _SYMMETRIC_TILES
+            if tile and entries >= _SYMMETRIC_MIN_ENTRIES and not layer_kwargs:
+                return _symmetric_kernel_map(kernel_map, a, full, want_ntk, _SYMMETRIC_TILES)
+            return kernel_map(_input_kernel(a, b, full, want_ntk), **layer_kwargs)
+
+        k = evaluate(x1, x2, want_ntk)
+        batch_covs = None
+        if diagonal_batch is False and names is None:
+            if layer_kwargs:
+                raise ValueError(f"kernel_fn of {name}: diagonal_batch=False is not available with a pattern")
+            batch_covs = (evaluate(x1, None, False), None if x2 is None else evaluate(x2, None, False))
+        return _finish(k, get, names, diag_spatial, batch_covs)
 
     kernel_fn.__name__ = f"kernel_fn_{name}"
     return kernel_fn
 
 
-def _apply_to_kernel(name, kernel_map, needs_full, k: Kernel, x2, get, names, layer_kwargs):
+def _finish(k, get, names, diag_spatial: bool, batch_covs):
+    """Apply the output keywords (``diagonal_spatial``, ``diagonal_batch``) and select what ``get`` asks for."""
+    if isinstance(k, list):
+        covs = [None] * len(k) if batch_covs is None else list(zip(*[c if isinstance(c, list) else [c] * len(k)
+                                                                     for c in batch_covs]))
+        return [_finish(ki, get, names, diag_spatial, ci) for ki, ci in zip(k, covs)]
+    if names is not None and "ntk" in names and k.ntk is None:
+        raise ValueError("kernel_fn: the NTK was asked for, but the input Kernel has none (compute it with "
+                         "get=None or a get that includes 'ntk')")
+    if diag_spatial and k.full and k.spatial_ndim > 0:
+        k = _map_covs(k, _spatial_diagonal, lambda m, b: m if m.ndim <= b else _spatial_diagonal(m, b), full=False)
+    if batch_covs is not None:
+        k11, k22 = batch_covs
+        if diag_spatial and k11.full and k11.spatial_ndim > 0:
+            k11 = k11.replace(nngp=_spatial_diagonal(k11.nngp, 2))
+            k22 = None if k22 is None else k22.replace(nngp=_spatial_diagonal(k22.nngp, 2))
+        k = k.replace(cov1=k11.nngp, cov2=None if k22 is None else k22.nngp)
+    return select(k, get)
+
+
+def _apply_to_kernel(name, kernel_map, needs_full, k: Kernel, x2, layer_kwargs):
     """``kernel_fn(k)`` for a `Kernel` ``k`` (one that another ``kernel_fn`` returned): compose the maps."""
     if x2 is not None:
         raise ValueError(f"kernel_fn of {name}: with a Kernel as first argument, x2 must be None (the Kernel "
                          f"already holds both inputs)")
-    if names is not None and "ntk" in names and k.ntk is None:
-        raise ValueError(f"kernel_fn of {name}: the NTK was asked for, but the input Kernel has none (compute "
-                         f"it with get=None or a get that includes 'ntk')")
+    expected = 1 + k.spatial_ndim * (2 if k.full else 1)
+    if k.cov1 is not None and k.cov1.ndim != expected:
+        raise ValueError(
+            f"kernel_fn of {name}: the input Kernel's cov1 has shape {tuple(k.cov1.shape)}, not the batch diagonal "
+            f"({expected} axes) that layers take; a Kernel computed with diagonal_batch=False cannot be composed"
+        )
     if k.spatial_ndim > 0 and not k.full and needs_full(False):
         raise ValueError(
             f"kernel_fn of {name}: the layers mix spatial positions and need the covariances of all pairs of "
             f"positions, but the input Kernel holds same-position covariances only (full=False); compute it "
             f"from a kernel_fn whose output keeps spatial axes, or with diagonal_spatial=False"
         )
-    out = kernel_map(k, **layer_kwargs)
-    if isinstance(out, list):
-        return [select(ki, get) for ki in out]
-    return select(out, get)
+    return kernel_map(k, **layer_kwargs)
 
 
 def _std_value(value):

@@ -32,8 +32,13 @@ for module in case_modules(wanted):
         x1, x2, call_kwargs = case_inputs(name, shapes, opts)
         kernel_fn = layer[2]
         jkw = {k: jax.tree_util.tree_map(jnp.asarray, v) for k, v in call_kwargs.items()}
-        k = kernel_fn(jnp.asarray(x1), None if x2 is None else jnp.asarray(x2), ("nngp", "ntk"), **jkw)
+        get = None if opts.get("covs") else ("nngp", "ntk")
+        k = kernel_fn(jnp.asarray(x1), None if x2 is None else jnp.asarray(x2), get, **jkw)
         arrays = dict(x1=x1, nngp=np.asarray(k.nngp), ntk=np.asarray(k.ntk))
+        if opts.get("covs"):
+            arrays["cov1"] = np.asarray(k.cov1)
+            if k.cov2 is not None:
+                arrays["cov2"] = np.asarray(k.cov2)
         if x2 is not None:
             arrays["x2"] = x2
         arrays.update(flatten_kwargs(call_kwargs))

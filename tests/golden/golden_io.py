@@ -10,6 +10,8 @@ Imports neither library. A case module ``tests/golden/cases*.py`` defines ``buil
   array, ``None`` or a tuple of those;
 * ``"tol"``: ``(float64 tolerance, float32 tolerance)`` when the layer's documented error is larger than the
   default (quadrature layers);
+* ``"covs": True``: also store and compare the `Kernel`'s ``cov1`` / ``cov2`` (``kernel_fn`` called with
+  ``get=None``);
 * ``"f32": False``: skip the float32 comparison (a case whose conditioning float32 cannot meet).
 
 The fixture ``<name>.npz`` stores ``x1``, ``x2`` (when given), ``nngp``, ``ntk`` and each array keyword as
