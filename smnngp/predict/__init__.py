@@ -30,11 +30,24 @@ exponentiated is ``Theta + diag_reg * mean(diag Theta) * I`` (the factor
 ``mean(diag Theta)`` is dropped with ``diag_reg_absolute_scale=True``); the NNGP
 matrices that enter the covariances are used as they are, except in the
 ``'nngp'`` formula above, whose ``K^{-1}`` and exponential are regularised (at
-``t = inf`` this is the GP posterior with noise variance ``diag_reg * mean(diag K)``).
+``t = inf`` this is the GP posterior with noise variance ``diag_reg * mean(diag K)``),
+and on the training inputs (``x_test=None``) under ``'nngp'``, whose covariance is
+``E K_reg E`` with the regularised ``K_reg`` (neural-tangents' choice: the formula
+above with ``K`` regularised throughout).
+
+``trace_axes`` (neural-tangents'): the axes of the targets along which the kernel
+is the identity; the kernels carry the other axes, interleaved. The default
+``(-1,)`` is the ``Theta ⊗ I_C`` above.
 
 Finite ``t`` uses one eigendecomposition of the (regularised) training kernel
 per ``get``; ``t = None`` / ``inf`` uses one Cholesky factorisation
 (`smnngp.linalg.cholesky`). Both are computed on first use and cached.
+
+Function-space predictors over given kernel matrices, with neural-tangents' names
+and signatures (`smnngp.predict._function_space`): :func:`gradient_descent_mse`
+(closed form for the MSE, any times), :func:`gradient_descent` (any loss, with or
+without momentum, by an ODE solve; :class:`ODEState`) and :func:`gp_inference`
+(NNGP / NTK / NTK-GP posteriors).
 
 Scale mixing (paper Thms 3.2, 3.3): with the readout variance
 ``sigma_v^2 ~ H`` drawn once per network, ``f | sigma_v^2 ~ N(mu, sigma_v^2 C)``
@@ -47,6 +60,7 @@ over ``log sigma_v^2``.
 """
 
 from smnngp.predict._ensemble import Gaussian, gradient_descent_mse_ensemble, max_learning_rate
+from smnngp.predict._function_space import ODEState, gp_inference, gradient_descent, gradient_descent_mse
 from smnngp.predict._mixture import (
     ScaleMixtureNormal,
     ScaleMixtureNormal1D,
@@ -64,4 +78,8 @@ __all__ = [
     "ScaleMixtureNormal",
     "ScaleMixtureNormal1D",
     "max_learning_rate",
+    "gradient_descent_mse",
+    "gradient_descent",
+    "gp_inference",
+    "ODEState",
 ]

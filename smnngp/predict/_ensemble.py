@@ -18,6 +18,7 @@ import numpy as np
 
 from smnngp import linalg
 from smnngp.kernels import canonical_get, pack
+from smnngp.predict._axes import OutputLayout, from_2d, to_2d, zipped
 
 __all__ = ["Gaussian", "gradient_descent_mse_ensemble", "max_learning_rate"]
 
@@ -84,14 +85,51 @@ def _canonical_time(t):
     return arr
 
 
-def _as_matrix(k, name: str, shape: tuple[int, int]) -> jax.Array:
+def _as_matrix(k, name: str, rows: tuple[int, ...], cols: tuple[int, ...]) -> jax.Array:
+    """A kernel returned by ``kernel_fn``, checked to be ``zip(rows, cols)``-shaped, as a (prod rows, prod cols)
+    matrix."""
     k = jnp.asarray(k)
-    if k.shape != shape:
+    want = zipped(rows, cols)
+    if k.shape != want:
         raise ValueError(
             f"gradient_descent_mse_ensemble: kernel_fn returned a {name} kernel of shape {tuple(k.shape)}, expected "
-            f"{shape} (one kernel per output channel; flatten or pool spatial axes before the readout layer)"
+            f"{want} (one kernel per output channel, see trace_axes; flatten or pool spatial axes before the readout "
+            f"layer)"
         )
-    return k
+    return to_2d(k)
+
+
+def _is_arrays(v) -> bool:
+    return all(isinstance(leaf, (np.ndarray, jax.Array)) for leaf in jax.tree_util.tree_leaves(v))
+
+
+def _split_kernel_kwargs(train_kw: dict, test_kw: dict, where: str) -> tuple[dict, dict]:
+    """Keyword arguments of ``kernel_fn`` for the test-train and test-test kernels (neural-tangents' rule).
+
+    A keyword given at ``predict_fn`` time replaces the training one; when both are pairs of arrays ``(a1, a2)``
+    (one per input of the kernel), the test-train call gets ``(test's a1, train's a1)``; non-array values must
+    agree with the training ones.
+    """
+    td, tt = dict(train_kw), dict(train_kw)
+    for key, v_tt in test_kw.items():
+        v_dd = train_kw.get(key)
+        if key in train_kw and _is_arrays(v_dd) and _is_arrays(v_tt):
+            pair = isinstance(v_dd, tuple) and len(v_dd) == 2 and isinstance(v_tt, tuple) and len(v_tt) == 2
+            v_td = (v_tt[0], v_dd[0]) if pair else v_tt
+        elif key in train_kw and not _same(v_dd, v_tt):
+            raise ValueError(f"{where}: kernel_fn keyword {key!r} is {v_dd!r} for the training kernel but {v_tt!r} "
+                             f"for the test kernels; a non-array keyword must be the same for both")
+        else:
+            v_td = v_tt
+        td[key], tt[key] = v_td, v_tt
+    return td, tt
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a truth value compare unequal
+        return a is b
 
 
 # ---------------------------------------------------------------------------
@@ -99,28 +137,40 @@ def _as_matrix(k, name: str, shape: tuple[int, int]) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
-def max_learning_rate(ntk_train_train, y_train_size: int | None = None) -> float:
-    """Largest stable full-batch GD learning rate for the convention above: ``2 n / lambda_max(Theta)``.
+def max_learning_rate(ntk_train_train, y_train_size: int | None = None, momentum: float = 0.0,
+                      eps: float = 1e-12) -> float:
+    """Largest stable full-batch GD learning rate for the convention above: ``2 (1 + m) n / (lambda_max + eps)``.
 
-    One GD step maps the training residual by ``I - eta Theta / n``, a contraction iff ``eta < 2 n / lambda_max``.
+    One GD step maps the training residual by ``I - eta Theta / n``, a contraction iff ``eta < 2 n / lambda_max``;
+    heavy-ball momentum ``m`` widens the stable range to ``eta < 2 (1 + m) n / lambda_max`` (Goh 2017, "Why
+    momentum really works"). ``eps`` keeps the divisor away from zero, as in neural-tangents.
 
     Args:
-        ntk_train_train: the NTK (or NNGP kernel, for readout-only training) on the training inputs, (N, N).
+        ntk_train_train: the NTK (or NNGP kernel, for readout-only training) on the training inputs, (N, N), or
+            an interleaved kernel ``(N, N, C, C, ...)`` (``trace_axes=()``), which is flattened to its matrix.
         y_train_size: ``n``, the number of target entries the MSE averages over (N times the number of outputs
-            C); ``None`` means N (one output).
+            C); ``None`` means the side of the (flattened) kernel.
+        momentum: the momentum ``m`` of the optimiser (0 for plain gradient descent).
+        eps: added to ``lambda_max`` in the divisor.
 
     Returns:
-        ``2 n / lambda_max`` as a Python float.
+        ``2 (1 + m) n / (lambda_max + eps)`` as a Python float.
 
     Raises:
-        ValueError: if ``ntk_train_train`` is not a non-empty square matrix or has no positive eigenvalue.
+        ValueError: if ``ntk_train_train`` is not a non-empty square matrix (or interleaved square kernel), has no
+            positive eigenvalue, or ``momentum`` / ``eps`` is negative.
     """
-    theta = linalg.check_square(jnp.asarray(ntk_train_train), "ntk_train_train")
+    k = jnp.asarray(ntk_train_train)
+    if k.ndim >= 2 and k.ndim % 2 == 0 and k.shape[0::2] == k.shape[1::2]:
+        k = to_2d(k)
+    theta = linalg.check_square(k, "max_learning_rate: ntk_train_train")
+    m = _check_scalar(momentum, "momentum", "max_learning_rate", positive=False)
+    eps = _check_scalar(eps, "eps", "max_learning_rate", positive=False)
     n = theta.shape[0] if y_train_size is None else int(y_train_size)
     lam = float(jnp.linalg.eigvalsh(theta)[-1])
     if not lam > 0:
         raise ValueError(f"max_learning_rate: the NTK has no positive eigenvalue (largest {lam:g})")
-    return 2.0 * n / lam
+    return 2.0 * (1.0 + m) * n / (lam + eps)
 
 
 def gradient_descent_mse_ensemble(
@@ -131,31 +181,43 @@ def gradient_descent_mse_ensemble(
     diag_reg: float = 0.0,
     diag_reg_absolute_scale: bool = False,
     learning_rate: float = 1.0,
+    trace_axes=(-1,),
+    **kernel_fn_train_train_kwargs,
 ) -> Callable:
     """Gaussian law of infinitely wide networks trained by gradient flow on the MSE (module docstring).
 
     Args:
-      kernel_fn: ``kernel_fn(x1, x2, get)`` returning the NNGP / NTK (e.g. from
+      kernel_fn: ``kernel_fn(x1, x2, get, **kwargs)`` returning the NNGP / NTK (e.g. from
         `smnngp.stax`); for the scale mixtures of the paper its last layer has ``W_std=1``.
       x_train: (N, ...) training inputs.
-      y_train: (N,) or (N, C) training targets.
+      y_train: (N,) or (N, C) training targets (any shape with the batch axis first when ``trace_axes`` is not
+        the default).
       diag_reg: relative diagonal regulariser (see the module docstring).
       diag_reg_absolute_scale: take ``diag_reg`` in absolute units.
       learning_rate: ``eta``; only ``eta * t`` matters.
+      trace_axes: axes of ``y_train`` along which the kernel is the identity (``Theta ⊗ I``); the kernels from
+        ``kernel_fn`` carry the other axes, interleaved (the default ``(-1,)``: (N, N) kernels, one per output).
+      **kernel_fn_train_train_kwargs: keyword arguments of ``kernel_fn`` for the training kernel, and defaults
+        for the test kernels (neural-tangents' rule: a keyword given to ``predict_fn`` replaces it; for pairs of
+        arrays ``(a1, a2)`` the test-train kernel gets the test's ``a1`` and the training ``a1``).
 
     Returns:
-      ``predict_fn(t=None, x_test=None, get=None, compute_cov=True)``:
+      ``predict_fn(t=None, x_test=None, get=None, compute_cov=True, **kernel_fn_test_test_kwargs)``:
 
       * ``t``: training time, a scalar or an array of any shape (leading axes of
         the result); ``None`` or ``inf`` means converged (``t -> inf``);
       * ``x_test``: (M, ...) test inputs; ``None`` means the training inputs,
         for which ``f_t(X)`` has mean ``(I - E) Y`` and covariance ``E K E``
-        with ``E = exp(-eta t Theta_reg / n)`` (``Y`` and 0 at ``t = inf``);
-        with ``diag_reg = 0`` this equals ``x_test=x_train``;
+        with ``E = exp(-eta t Theta_reg / n)`` (``K`` is the regularised NNGP
+        for ``get='nngp'``, the plain one for ``'ntk'``, as in neural-tangents;
+        ``Y`` and 0 at ``t = inf``); with ``diag_reg = 0`` this equals
+        ``x_test=x_train``;
       * ``get``: ``'nngp'`` (readout-only training), ``'ntk'`` (all layers) or
         a tuple of them; ``None`` means ``('nngp', 'ntk')``;
+      * ``kernel_fn_test_test_kwargs``: keyword arguments of ``kernel_fn`` for the test kernels;
       * returns a :class:`Gaussian` ``(mean, covariance)`` (just the mean with
-        ``compute_cov=False``), or a named tuple of them for a tuple ``get``.
+        ``compute_cov=False``), or a named tuple of them for a tuple ``get``;
+        the covariance's axes are the kernel axes, interleaved ((M, M) by default).
     """
     where = "gradient_descent_mse_ensemble"
     if not callable(kernel_fn):
@@ -164,8 +226,11 @@ def gradient_descent_mse_ensemble(
     y_train = _float_array(y_train, "y_train", where)
     if x_train.ndim < 2:
         raise ValueError(f"{where}: x_train must have a batch axis and a feature axis, got shape {x_train.shape}")
-    if y_train.ndim not in (1, 2):
+    default_trace = isinstance(trace_axes, (tuple, list)) and tuple(trace_axes) == (-1,) or trace_axes == -1
+    if default_trace and y_train.ndim not in (1, 2):
         raise ValueError(f"{where}: y_train must be (N,) or (N, C), got shape {y_train.shape}")
+    if y_train.ndim == 0:
+        raise ValueError(f"{where}: y_train must have a batch axis, got a scalar")
     if y_train.shape[0] != x_train.shape[0]:
         raise ValueError(
             f"{where}: x_train has {x_train.shape[0]} points but y_train has {y_train.shape[0]} rows "
@@ -173,22 +238,27 @@ def gradient_descent_mse_ensemble(
         )
     diag_reg = _check_scalar(diag_reg, "diag_reg", where, positive=False)
     learning_rate = _check_scalar(learning_rate, "learning_rate", where, positive=True)
-    squeeze = y_train.ndim == 1
+    squeeze = y_train.ndim == 1 and default_trace
     y2 = y_train[:, None] if squeeze else y_train
-    n_train, n_norm = x_train.shape[0], y2.size
+    layout = OutputLayout.of(y2.shape, (1,) if squeeze else trace_axes, where)
+    if 0 in layout.trace:
+        raise ValueError(f"{where}: trace_axes {trace_axes!r} includes the batch axis 0 of y_train")
+    train_axes = layout.nontrace_shape
+    n_train, n_norm = layout.n_kernel, y2.size
+    train_kw = dict(kernel_fn_train_train_kwargs)
 
     cache: dict[str, Any] = {}
 
-    def kernels(x1, x2, names):
-        out = kernel_fn(x1, x2, tuple(names))
+    def kernels(x1, x2, names, kw):
+        out = kernel_fn(x1, x2, tuple(names), **kw)
         return {n: getattr(out, n) for n in names}
 
     def train_kernel(name: str) -> jax.Array:
         if name not in cache:
             want = ("nngp",) if name == "nngp" else ("nngp", "ntk")
-            got = kernels(x_train, None, want)
+            got = kernels(x_train, None, want, train_kw)
             for n in want:
-                cache[n] = _as_matrix(got[n], f"train-train {n}", (n_train, n_train))
+                cache[n] = _as_matrix(got[n], f"train-train {n}", train_axes, train_axes)
         return cache[name]
 
     def regularised(name: str) -> jax.Array:
@@ -218,7 +288,7 @@ def gradient_descent_mse_ensemble(
             cache[key] = fac.L
         return cache[key]
 
-    def predict_fn(t=None, x_test=None, get=None, compute_cov: bool = True):
+    def predict_fn(t=None, x_test=None, get=None, compute_cov: bool = True, **kernel_fn_test_test_kwargs):
         names, single = canonical_get(("nngp", "ntk") if get is None else get)
         t_arr = _canonical_time(t)
         if x_test is not None:
@@ -229,24 +299,31 @@ def gradient_descent_mse_ensemble(
                     f"batch axis"
                 )
         dtype = train_kernel("nngp").dtype
-        y = y2.astype(dtype)
+        y = layout.flat(y2.astype(dtype))
         test = None
+        test_axes = train_axes
         if x_test is not None:
-            m = x_test.shape[0]
+            test_axes = (x_test.shape[0],) + train_axes[1:]
+            kw_td, kw_tt = _split_kernel_kwargs(train_kw, kernel_fn_test_test_kwargs, where)
             want = sorted(set(names) | ({"nngp"} if compute_cov else set()))
-            k_td = kernels(x_test, x_train, want)
-            test = {n: _as_matrix(v, f"test-train {n}", (m, n_train)) for n, v in k_td.items()}
+            k_td = kernels(x_test, x_train, want, kw_td)
+            test = {n: _as_matrix(v, f"test-train {n}", test_axes, train_axes) for n, v in k_td.items()}
             if compute_cov:
-                test["nngp_tt"] = _as_matrix(kernels(x_test, None, ("nngp",))["nngp"], "test-test nngp", (m, m))
+                test["nngp_tt"] = _as_matrix(kernels(x_test, None, ("nngp",), kw_tt)["nngp"], "test-test nngp",
+                                             test_axes, test_axes)
         outs = []
         for name in names:
             if t_arr is None:
                 mean, cov = _predict_inf(name, y, test, compute_cov, train_kernel, chol)
             else:
-                mean, cov = _predict_finite(name, y, test, compute_cov, t_arr, learning_rate, n_norm, train_kernel, eig)
+                k_dd = None
+                if compute_cov:
+                    k_dd = regularised("nngp") if (test is None and name == "nngp") else train_kernel("nngp")
+                mean, cov = _predict_finite(name, y, test, compute_cov, t_arr, learning_rate, n_norm, k_dd, eig)
+            mean = layout.unflat(mean, test_axes)
             if squeeze:
                 mean = mean[..., 0]
-            outs.append(Gaussian(mean, cov) if compute_cov else mean)
+            outs.append(Gaussian(mean, from_2d(cov, test_axes)) if compute_cov else mean)
         return pack(names, single, outs)
 
     return predict_fn
@@ -278,10 +355,9 @@ def _inf_core(L, y, k_td_g, k_td, k_tt, k_dd, *, ntk: bool, compute_cov: bool):
     return mean, _sym(k_tt + b.T @ k_dd @ b - cross - cross.T)
 
 
-def _predict_finite(name, y, test, compute_cov, t_arr, learning_rate, n_norm, train_kernel, eig):
+def _predict_finite(name, y, test, compute_cov, t_arr, learning_rate, n_norm, k_dd, eig):
     lam, U, pos = eig(name)
     rate = jnp.asarray((learning_rate * t_arr.reshape(-1)) / n_norm, lam.dtype)[:, None]  # (T, 1)
-    k_dd = train_kernel("nngp") if compute_cov else None
     if test is None:
         mean, cov = _finite_train_core(lam, U, pos, rate, y, k_dd, compute_cov=compute_cov)
     else:
