@@ -1,14 +1,21 @@
-"""Combinators: `serial`, `parallel`, `FanOut`, `FanInSum`, `FanInConcat`, `Identity`."""
+"""Combinators: `serial`, `repeat`, `parallel`, `FanOut`, `FanInSum`, `FanInProd`, `FanInConcat`, `Identity`.
+
+A PRNG key passed to a composite ``apply_fn`` as ``rng=`` (what `Dropout` in train mode needs) is split
+among the layers as in ``jax.example_libraries.stax``: `serial` and `parallel` give layer i the i-th key of
+``jax.random.split(rng, n_layers)``, `repeat` the i-th of ``jax.random.split(rng, n)``.
+"""
 
 from __future__ import annotations
 
 import functools
 import operator
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from smnngp.kernels import Kernel
 from smnngp.stax._core import (
     Layer,
     _as_layer,
@@ -20,11 +27,22 @@ from smnngp.stax._core import (
 # Combinators
 # ---------------------------------------------------------------------------
 
-__all__ = ["serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Identity"]
+__all__ = ["serial", "repeat", "parallel", "FanOut", "FanInSum", "FanInProd", "FanInConcat", "Identity"]
+
+
+def _split_rng(kwargs, n: int):
+    """``n`` keyword dicts, one per layer: ``rng`` (when given) split into ``n`` keys, the rest shared."""
+    rng = kwargs.get("rng")
+    if rng is None:
+        return [kwargs] * n
+    rest = {k: v for k, v in kwargs.items() if k != "rng"}
+    return [dict(rest, rng=r) for r in jax.random.split(rng, n)]
 
 
 def serial(*layers) -> Layer:
-    """Compose layers left to right.
+    """Compose layers left to right: f = f_n o ... o f_1, and the kernel maps in the same order.
+
+    ``apply_fn(params, x, rng=key)`` gives layer i the i-th key of ``jax.random.split(key, len(layers))``.
 
     Args:
         *layers: one or more `Layer` objects built by this module; the output of each feeds the next.
@@ -59,8 +77,8 @@ def serial(*layers) -> Layer:
     def apply_fn(params, x, **kwargs):
         if len(params) != len(layers):
             raise ValueError(f"serial: got {len(params)} parameter groups for {len(layers)} layers")
-        for l, p in zip(layers, params):
-            x = l[1](p, x, **kwargs)
+        for l, p, kw in zip(layers, params, _split_rng(kwargs, len(layers))):
+            x = l[1](p, x, **kw)
         return x
 
     def kernel_map(k, **kwargs):
@@ -79,6 +97,86 @@ def serial(*layers) -> Layer:
     )
 
 
+def repeat(layer: Layer, n: int) -> Layer:
+    """Apply ``layer`` ``n`` times in a compiled loop: the network of ``serial(*[layer] * n)``.
+
+    The ``n`` copies have independent parameters, stacked along a leading axis of length ``n`` (one
+    ``init_fn`` draw per copy); ``apply_fn`` and ``kernel_fn`` run as one `lax.scan` over the copies, so
+    compilation time does not grow with ``n``. The kernel is K_n = T^n(K_0), T the kernel map of ``layer``.
+    The layer must keep the shape of its activations. ``apply_fn(params, x, rng=key)`` gives copy i the i-th
+    key of ``jax.random.split(key, n)``. When one application of ``layer`` changes what a `Kernel` holds
+    beyond its values (whether it is Gaussian, its shapes), the kernel loop is unrolled instead: the
+    numbers are the same.
+
+    Args:
+        layer: the `Layer` to repeat; its output shape must equal its input shape.
+        n: number of applications, a non-negative int (0 gives the identity).
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)``; its parameters are those of ``layer`` with a leading axis
+        of length ``n`` on every array.
+
+    Raises:
+        TypeError: if ``layer`` is not a `Layer` of this module.
+        ValueError: if ``n`` is not a non-negative integer; from ``init_fn`` / ``kernel_fn`` when ``layer``
+            changes the shape of its input.
+    """
+    layer = _as_layer(layer, "repeat")
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"repeat: n must be a non-negative integer, got {n!r}")
+    n = int(n)
+    name = f"repeat({layer.name}, {n})"
+    inner_init, inner_apply = layer[0], layer[1]
+
+    def shape_fn(shape):
+        out = layer.shape_fn(shape)
+        if n and out != shape:
+            raise ValueError(
+                f"{name}: the layer maps shape {shape} to {out}; repeat needs the output shape to equal the "
+                f"input shape (use serial(*[layer] * n) instead)"
+            )
+        return shape
+
+    def init_fn(key, input_shape):
+        input_shape = shape_fn(tuple(input_shape) if not _is_shape_list(input_shape) else input_shape)
+        params = jax.vmap(lambda k: inner_init(k, input_shape)[1])(jax.random.split(key, n))
+        return input_shape, params
+
+    def apply_fn(params, x, **kwargs):
+        if n == 0:
+            return x
+        rng = kwargs.pop("rng", None)
+        keys = None if rng is None else jax.random.split(rng, n)
+
+        def step(h, inputs):
+            p, key = inputs
+            kw = kwargs if key is None else dict(kwargs, rng=key)
+            return inner_apply(p, h, **kw), None
+
+        out, _ = jax.lax.scan(step, x, (params, keys))
+        return out
+
+    def kernel_map(k, **kwargs):
+        if n == 0:
+            return k
+        shape_fn(k.shape1)
+        k = layer.kernel_map(k, **kwargs)
+        try:
+            k, _ = jax.lax.scan(lambda c, _: (layer.kernel_map(c, **kwargs), None), k, None, length=n - 1)
+        except TypeError:
+            # The carry changed type (metadata or shapes): unroll, which computes the same composition.
+            for _ in range(n - 1):
+                k = layer.kernel_map(k, **kwargs)
+        return k
+
+    def needs_full(full):
+        for _ in range(n):
+            full = layer.needs_full(full)
+        return full
+
+    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, layer.symmetric, layer.layout)
+
+
 def _check_branches(obj, n: int, layer: str):
     if not isinstance(obj, (list, tuple)) or (n and len(obj) != n):
         got = f"{len(obj)} inputs" if isinstance(obj, (list, tuple)) else type(obj).__name__
@@ -91,6 +189,8 @@ def _is_shape_list(shape) -> bool:
 
 def parallel(*layers) -> Layer:
     """Apply the i-th layer to the i-th input of a list (after `FanOut`).
+
+    ``apply_fn(params, xs, rng=key)`` gives layer i the i-th key of ``jax.random.split(key, len(layers))``.
 
     Args:
         *layers: one or more `Layer` objects, one per branch.
@@ -123,7 +223,7 @@ def parallel(*layers) -> Layer:
 
     def apply_fn(params, xs, **kwargs):
         _check_branches(xs, n, "parallel")
-        return [l[1](p, x, **kwargs) for l, p, x in zip(layers, params, xs)]
+        return [l[1](p, x, **kw) for l, p, x, kw in zip(layers, params, xs, _split_rng(kwargs, n))]
 
     def kernel_map(ks, **kwargs):
         _check_branches(ks, n, "parallel")
@@ -212,24 +312,112 @@ def FanInSum() -> Layer:
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
 
 
-def FanInConcat(axis: int = -1) -> Layer:
-    """Concatenate the branches along ``axis``.
+def FanInProd() -> Layer:
+    """Multiply the branches elementwise; all branch shapes must agree.
 
-    The kernel is defined for the channel axis (the default): concatenating
-    channels averages the branch kernels weighted by their finite widths.
+    Kernel of independent branches f_1, ..., f_m (each with at least one affine layer of its own):
+
+        K'   = prod_i K_i,
+        NTK' = sum_i NTK_i prod_{j != i} K_j,
+
+    (the product rule: the gradient of prod_i f_i is sum_i (prod_{j != i} f_j) grad f_i), and the same
+    products for the variances cov1, cov2. The product of two or more branches is not Gaussian.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters, mapping a list of branches to their
+        elementwise product.
+
+    Raises:
+        ValueError: (from ``init_fn``, ``apply_fn`` or ``kernel_fn``) if the branch shapes differ.
+    """
+    layer = "FanInProd"
+
+    def shape_fn(shapes):
+        shapes = _branch_shapes(shapes, layer)
+        if any(s != shapes[0] for s in shapes):
+            raise ValueError(f"{layer}: branch shapes differ: {shapes}")
+        return shapes[0]
+
+    def init_fn(key, input_shapes):
+        return shape_fn(list(input_shapes)), ()
+
+    def apply_fn(params, xs, **kwargs):
+        shape_fn([tuple(x.shape) for x in xs])
+        return functools.reduce(operator.mul, xs)
+
+    def kernel_map(ks):
+        shape_fn([k.shape1 for k in ks])
+        shape_fn([k.shape2 for k in ks])
+        nngp, ntk = ks[0].nngp, ks[0].ntk
+        for k in ks[1:]:
+            # (prod_{<i} K) NTK_i + NTK_{<i} K_i: the product rule, one branch at a time.
+            ntk = None if ntk is None or k.ntk is None else ntk * k.nngp + nngp * k.ntk
+            nngp = nngp * k.nngp
+        cov2 = None if any(k.cov2 is None for k in ks) else functools.reduce(operator.mul, [k.cov2 for k in ks])
+        return ks[0].replace(
+            nngp=nngp,
+            ntk=ntk,
+            cov1=functools.reduce(operator.mul, [k.cov1 for k in ks]),
+            cov2=cov2,
+            is_gaussian=len(ks) == 1 and ks[0].is_gaussian,
+        )
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+
+
+def _block_concat(mats, first_axis: int):
+    """Covariances of concatenated independent blocks along a position pair (first_axis, first_axis + 1).
+
+    Block (i, j) of the result is ``mats[i]`` when i == j and zero otherwise (independent branches).
+    """
+    sizes = [m.shape[first_axis] for m in mats]
+    rows = []
+    for i, m in enumerate(mats):
+        pads = [(0, 0)] * m.ndim
+        pads[first_axis] = (sum(sizes[:i]), sum(sizes[i + 1:]))
+        rows.append(jnp.pad(m, pads))
+    return jnp.concatenate(rows, axis=first_axis + 1)
+
+
+def FanInConcat(axis: int = -1) -> Layer:
+    """Concatenate the branches along ``axis`` (kernel axes in the canonical layout: batch first, channels last).
+
+    Kernels of independent branches with channel widths C_i:
+
+    * channel axis: the channel average of the concatenation is the width-weighted average
+      K' = sum_i C_i K_i / sum_i C_i (the same for NTK, cov1, cov2). A concatenation of independent
+      Gaussian branches is Gaussian, so the output keeps ``is_gaussian`` of its branches.
+    * spatial axis s: positions of branch i and branch j != i are independent, so the kernel over the
+      concatenated positions is block diagonal, K'(p in block i, p' in block j) = K_i(p, p') if i == j
+      else 0 (with same-position covariances only, K' is the concatenation of the K_i along s). This needs
+      every branch to be Gaussian (mean zero); otherwise the cross-branch products do not vanish.
+    * batch axis: the points of the branches are stacked; cross-branch entries of the NNGP / NTK are 0
+      (the same rule as a spatial axis) and the variances are concatenated. A warning says that such a
+      kernel depends on how the inputs are batched.
 
     Args:
         axis: axis along which the branch outputs are concatenated (default -1, the channels).
 
     Returns:
         `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters, mapping a list of branches to one array.
-        Its ``kernel_fn`` raises NotImplementedError when ``axis`` is not the channel axis.
+
+    Raises:
+        TypeError: if ``axis`` is not an int.
+        ValueError: (from ``init_fn``, ``apply_fn`` or ``kernel_fn``) if the branches differ in rank or
+            outside ``axis``, or ``axis`` is out of range.
+        NotImplementedError: from ``kernel_fn`` when ``axis`` is not the channel axis and a branch is not
+            Gaussian (no affine layer at its end).
     """
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"FanInConcat: axis must be an int, got {axis!r}")
+    axis = int(axis)
     layer = f"FanInConcat(axis={axis})"
 
     def shape_fn(shapes):
         shapes = _branch_shapes(shapes, layer)
         ndim = len(shapes[0])
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"{layer}: axis {axis} is out of range for branches of rank {ndim}")
         ax = axis % ndim
         for s in shapes:
             if len(s) != ndim or any(s[i] != shapes[0][i] for i in range(ndim) if i != ax):
@@ -245,13 +433,7 @@ def FanInConcat(axis: int = -1) -> Layer:
         shape_fn([tuple(x.shape) for x in xs])
         return jnp.concatenate(xs, axis=axis)
 
-    def kernel_map(ks):
-        out_shape = shape_fn([k.shape1 for k in ks])
-        if axis % len(out_shape) != len(out_shape) - 1:
-            raise NotImplementedError(
-                f"{layer}: the infinite-width kernel is implemented for concatenation along the channel "
-                f"(last) axis only"
-            )
+    def channel_mix(ks, out1, out2):
         widths = [float(k.shape1[-1]) for k in ks]
         total_w = sum(widths)
 
@@ -261,18 +443,55 @@ def FanInConcat(axis: int = -1) -> Layer:
                 return None
             return functools.reduce(operator.add, [v * (w / total_w) for v, w in zip(vals, widths)])
 
-        return ks[0].replace(
-            nngp=mix("nngp"),
-            ntk=mix("ntk"),
-            cov1=mix("cov1"),
-            cov2=mix("cov2"),
-            shape1=out_shape,
-            shape2=shape_fn([k.shape2 for k in ks]),
-            is_gaussian=all(k.is_gaussian for k in ks),
-        )
+        return ks[0].replace(nngp=mix("nngp"), ntk=mix("ntk"), cov1=mix("cov1"), cov2=mix("cov2"),
+                             shape1=out1, shape2=out2, is_gaussian=all(k.is_gaussian for k in ks))
+
+    def kernel_map(ks):
+        out1 = shape_fn([k.shape1 for k in ks])
+        out2 = shape_fn([k.shape2 for k in ks])
+        ndim = len(out1)
+        ax = axis % ndim
+        if ax == ndim - 1:
+            return channel_mix(ks, out1, out2)
+        if not all(k.is_gaussian for k in ks):
+            raise NotImplementedError(
+                f"{layer}: concatenation along a non-channel axis is implemented for Gaussian (mean-zero) "
+                f"branches only; end every branch with an affine layer (Dense, Conv)"
+            )
+        full = ks[0].full
+
+        def ntks():
+            if any(k.ntk is None for k in ks):
+                return None
+            return [k.ntk if k.ntk.ndim else jnp.broadcast_to(k.ntk, k.nngp.shape) for k in ks]
+
+        if ax == 0:
+            warnings.warn(f"{layer}: concatenating along the batch axis gives a kernel that depends on how the "
+                          f"inputs are batched", stacklevel=2)
+
+            def cross(mats):
+                return None if mats is None else _block_concat(mats, 0)
+
+            def own(mats):
+                return None if any(m is None for m in mats) else jnp.concatenate(mats, axis=0)
+        elif full:
+            # Spatial axis s (1-based) holds the position pair (2s, 2s + 1) in nngp, (2s - 1, 2s) in cov1.
+            def cross(mats):
+                return None if mats is None else _block_concat(mats, 2 * ax)
+
+            def own(mats):
+                return None if any(m is None for m in mats) else _block_concat(mats, 2 * ax - 1)
+        else:
+            def cross(mats):
+                return None if mats is None else jnp.concatenate(mats, axis=ax + 1)
+
+            def own(mats):
+                return None if any(m is None for m in mats) else jnp.concatenate(mats, axis=ax)
+
+        return Kernel(cross([k.nngp for k in ks]), cross(ntks()), own([k.cov1 for k in ks]),
+                      own([k.cov2 for k in ks]), out1, out2, full, is_gaussian=True)
 
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
-
 
 
 def Identity() -> Layer:
