@@ -94,6 +94,10 @@ class OutputLayout(NamedTuple):
         k, m = len(lead), len(nontrace_shape)
         return jnp.moveaxis(z, list(range(k + m, z.ndim)), [k + a for a in self.trace])
 
+    def kernel_axes(self, shape) -> tuple[int, ...]:
+        """The kernel axes (the non-trace axes) of outputs of ``shape``, which has this layout's trace axes."""
+        return tuple(s for i, s in enumerate(shape) if i not in self.trace)
+
     def out_shape(self, nontrace_shape) -> tuple[int, ...]:
         """The shape of outputs whose kernel axes are ``nontrace_shape`` (the trace axes put back in place)."""
         out, it = [], iter(nontrace_shape)

@@ -329,6 +329,16 @@ def gradient_descent(
     y_d = y.astype(dtype)
     grad_loss = jax.grad(lambda fx: loss(fx, y_d))
 
+    # one function object per solver, the kernels passed as arguments: odeint compiles it once per state layout
+    def velocity(state: ODEState, _t, k_dd, k_td=None) -> ODEState:
+        g = layout.flat(grad_loss(state.fx_train))
+        d_train = -layout.unflat(k_dd @ g, layout.nontrace_shape)
+        d_test = None if state.fx_test is None else -layout.unflat(k_td @ g, layout.kernel_axes(state.fx_test.shape))
+        if friction is None:
+            return ODEState(d_train, d_test)
+        d_test = None if d_test is None else d_test + friction * state.qx_test
+        return ODEState(state.qx_train, state.qx_test, d_train + friction * state.qx_train, d_test)
+
     def predict_fn(t=None, fx_train_or_state_0=0.0, fx_test_0=None, k_test_train=None):
         is_state = isinstance(fx_train_or_state_0, ODEState)
         if is_state:
@@ -364,16 +374,8 @@ def gradient_descent(
                                             _outputs(q_test_0, test_shape, dtype, "qx_test", where))
             state0 = ODEState(f0, ft0, q0, qt0)
 
-        def velocity(state: ODEState, _t) -> ODEState:
-            g = layout.flat(grad_loss(state.fx_train))
-            d_train = -layout.unflat(k2 @ g, layout.nontrace_shape)
-            d_test = None if state.fx_test is None else -layout.unflat(kt2 @ g, test_axes)
-            if friction is None:
-                return ODEState(d_train, d_test)
-            d_test = None if d_test is None else d_test + friction * state.qx_test
-            return ODEState(state.qx_train, state.qx_test, d_train + friction * state.qx_train, d_test)
-
-        path = ode.odeint(velocity, state0, ts, rtol=rtol, atol=atol, mxstep=mxstep)
+        kernels = (k2,) if kt2 is None else (k2, kt2)
+        path = ode.odeint(velocity, state0, ts, *kernels, rtol=rtol, atol=atol, mxstep=mxstep)
         path = jax.tree_util.tree_map(lambda a: a[1:].reshape(times.shape + a.shape[1:]), path)
         if is_state:
             return path
