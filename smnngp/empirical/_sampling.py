@@ -1,4 +1,4 @@
-"""Finite-width counterparts of `kernel_fn`: Monte-Carlo NNGP and the empirical NTK.
+"""Finite-width counterparts of `kernel_fn`: Monte-Carlo NNGP and the empirical NTK (smnngp's own helpers).
 
 Used to check convergence (tests, quickstart, notebooks) and for finite ensembles.
 Both average over output channels, the convention of the infinite-width kernels
