@@ -355,7 +355,7 @@ def GlobalSelfAttention(
         if key_mask is not None:
             fill = _NEG_INF if mechanism == "SOFTMAX" else 0
             logits = jnp.where(key_mask[None], jnp.asarray(fill, dt), logits)
-        heads = jnp.einsum("hnpq,hnqd->nphd", attend(logits), values, precision=_HIGHEST)
+        heads = jnp.einsum("hnpq,hnqd->npdh", attend(logits), values, precision=_HIGHEST)  # channel d * n_heads + h
         heads = heads.reshape(n, size, n_heads * n_chan_val)
         out = jnp.matmul(heads, W_out.astype(dt), precision=_HIGHEST)
         if not standard:
