@@ -27,7 +27,9 @@ def _public_names():
     seen, out = set(), []
     for pkg_name in PACKAGES:
         pkg = importlib.import_module(pkg_name)
-        modules = [pkg] + [importlib.import_module(f"{pkg_name}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+        # Every module, nested packages included (smnngp.stax, smnngp.empirical, smnngp.predict are packages).
+        modules = [pkg] + [importlib.import_module(m.name)
+                           for m in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg_name}.")]
         for mod in modules:
             for name in getattr(mod, "__all__", ()):
                 obj = getattr(mod, name)
@@ -74,7 +76,8 @@ NAMES = _public_names()
 def test_the_enumeration_finds_the_library():
     names = {n for n, _ in NAMES}
     assert len(NAMES) > 250
-    assert {"smnngp.stax.Dense", "finite.masked.masked_mlp", "samplers.driver.split_rhat"} <= names
+    assert {"smnngp.stax.linear.Dense", "smnngp.stax.attention.GlobalSelfAttention", "finite.masked.masked_mlp",
+            "samplers.driver.split_rhat"} <= names
 
 
 @pytest.mark.parametrize("name,obj", NAMES, ids=[n for n, _ in NAMES])
