@@ -35,7 +35,7 @@ def dense_archs(draw):
     param = draw(params)
     layers = []
     for _ in range(depth):
-        layers += [stax.Dense(draw(st.integers(1, 64)), draw(stds), draw(biases), param),
+        layers += [stax.Dense(draw(st.integers(1, 64)), draw(stds), draw(biases), parameterization=param),
                    ACTIVATIONS[draw(st.integers(0, len(ACTIVATIONS) - 1))]()]
     if draw(st.booleans()):  # a residual block
         layers += [stax.Dense(32, draw(stds), draw(biases), param), stax.FanOut(2),
