@@ -60,7 +60,6 @@ from smnngp.stax import (
     combinators,
     conv,
     elementwise,
-    elementwise_polynomial,
     graphs,
     linear,
     normalization,
@@ -73,7 +72,6 @@ from smnngp.stax.attention import *  # noqa: F403
 from smnngp.stax.combinators import *  # noqa: F403
 from smnngp.stax.conv import *  # noqa: F403
 from smnngp.stax.elementwise import *  # noqa: F403
-from smnngp.stax.elementwise_polynomial import *  # noqa: F403
 from smnngp.stax.graphs import *  # noqa: F403
 from smnngp.stax.linear import *  # noqa: F403
 from smnngp.stax.normalization import *  # noqa: F403
@@ -81,6 +79,5 @@ from smnngp.stax.parametric import *  # noqa: F403
 from smnngp.stax.pooling import *  # noqa: F403
 from smnngp.stax.shape import *  # noqa: F403
 
-_FAMILIES = (linear, conv, pooling, shape, elementwise, elementwise_polynomial, attention, normalization, graphs,
-             combinators, parametric)
+_FAMILIES = (linear, conv, pooling, shape, elementwise, attention, normalization, graphs, combinators, parametric)
 __all__ = ["Layer"] + [name for module in _FAMILIES for name in module.__all__]
