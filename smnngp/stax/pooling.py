@@ -168,6 +168,8 @@ def _pool(kind: str, window_shape, strides, padding, normalize_edges, batch_axis
         cnt = counts(spatial, pads) if edges else None
 
         def op(mat, batch_ndim):
+            if mat.ndim <= batch_ndim:  # the scalar zero NTK of the inputs
+                return mat
             axes, win, strd, pp = [], [], [], []
             for i in range(nd):
                 a = batch_ndim + 2 * i
@@ -271,7 +273,10 @@ def _global_pool(kind: str, batch_axis, channel_axis) -> Layer:
     """
     layer = "GlobalAvgPool" if kind == "avg" else "GlobalSumPool"
     layout = (_check_axis(batch_axis, "batch_axis", layer), _check_axis(channel_axis, "channel_axis", layer))
-    reduce_kernel = _spatial_mean if kind == "avg" else _spatial_sum
+    reduce = _spatial_mean if kind == "avg" else _spatial_sum
+
+    def reduce_kernel(mat, batch_ndim):
+        return mat if mat.ndim <= batch_ndim else reduce(mat, batch_ndim)
 
     def shape_fn(shape):
         shape = _single_shape(shape, layer)
