@@ -287,4 +287,6 @@ def Dropout(rate, mode: str = "train") -> Layer:
         return k.replace(nngp=cross(k.nngp), ntk=cross(k.ntk), cov1=own(k.cov1), cov2=own(k.cov2),
                          is_gaussian=False)
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+    # In train mode a diagonal block of an x2=None kernel is not the kernel of a tile with a copy of itself
+    # (that is a second draw of the masks), so the symmetric tiling of x2=None kernels must stay off.
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, mode == "test")

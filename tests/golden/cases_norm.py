@@ -18,6 +18,8 @@ def build_cases(stax, jnp):
 
     cases["norm_mlp_layernorm"] = (mlp_ln(), DENSE_IN)
     cases["norm_mlp_layernorm_x2none"] = (mlp_ln(eps=0.3), (DENSE_IN[0], None), {"covs": True})
+    cases["norm_mlp_layernorm_batch"] = (
+        S.serial(S.Dense(16, 1.3, 0.2), S.LayerNorm(axis=(0, 1), eps=0.01), S.Erf(), S.Dense(1, 1.1)), DENSE_IN)
     cases["norm_cnn_layernorm_channels"] = (
         S.serial(S.Conv(8, (3, 3), padding="SAME", W_std=1.4, b_std=0.1), S.LayerNorm(), S.Relu(),
                  S.Conv(8, (2, 2), W_std=1.2, b_std=0.2), S.LayerNorm(eps=0.1), S.Relu(), S.Flatten(),
@@ -92,6 +94,10 @@ def build_cases(stax, jnp):
     cases["norm_concat_spatial_diag"] = (concat_cnn(1, [S.Relu()]), CNN2D_IN, {"kwargs": {"diagonal_spatial": True}})
     cases["norm_concat_channels_relu"] = (concat_cnn(-1, [S.Conv(4, (2, 2), W_std=1.3), S.Relu(), S.Flatten(),
                                                           S.Dense(1)]), CNN2D_IN)
+
+    cases["norm_concat_batch_axis"] = (
+        S.serial(S.Dense(8, 1.2, 0.1), S.Relu(), S.FanOut(2), S.parallel(S.Dense(8, 1.1), S.Dense(8, 0.9, 0.4)),
+                 S.FanInConcat(0), S.Relu(), S.Dense(1)), DENSE_IN)
 
     block = S.serial(S.Dense(12, 1.4, 0.1), S.Relu())
     cases["norm_repeat_dense_relu"] = (S.serial(S.Dense(12, 1.2, 0.2), S.repeat(block, 4), S.Dense(1)), DENSE_IN)
