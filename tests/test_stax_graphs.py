@@ -176,7 +176,8 @@ def test_layout_batch_and_channel_axes():
     k_nch = nch[2](np.swapaxes(x, 1, 2), None, "nngp", pattern=(a, a))
     np.testing.assert_allclose(k_nch, stax.Aggregate()[2](x, None, "nngp", pattern=(a, a)), rtol=1e-12)
     e = edges(19, 3, (6,), 7, 1)
-    sp = stax.Aggregate(aggregate_axis=-1, batch_axis=0, channel_axis=1, implementation="sparse")
+    sp = stax.Aggregate(aggregate_axis=-1, batch_axis=0, channel_axis=1,
+                        implementation=stax.AggregateImplementation.SPARSE)
     np.testing.assert_allclose(sp[1]((), np.swapaxes(x, 1, 2), pattern=e),
                                np.swapaxes(stax.Aggregate()[1]((), x, pattern=dense_of(e, (6,))), 1, 2), rtol=1e-12)
 
@@ -185,7 +186,7 @@ def test_jit_with_traced_patterns_float32():
     """Patterns as traced arguments of a jitted kernel_fn; float32 follows the inputs' dtype."""
     x = np.random.RandomState(20).normal(size=(3, 5, 2)).astype(np.float32)
     e = edges(21, 3, (5,), 8, 2)
-    kf = jax.jit(lambda x, p: gcn(implementation="SPARSE")[2](x, None, "nngp", pattern=(p, p)))
+    kf = jax.jit(lambda x, p: gcn(implementation="sparse")[2](x, None, "nngp", pattern=(p, p)))
     kd = jax.jit(lambda x, p: gcn()[2](x, None, "nngp", pattern=(p, p)))
     ks, kdn = kf(x, jnp.asarray(e)), kd(x, jnp.asarray(dense_of(e, (5,)), jnp.float32))
     assert ks.dtype == jnp.float32

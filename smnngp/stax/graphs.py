@@ -23,6 +23,7 @@ i.e. ``K'[a, b] = A_a^T K[a, b] A_b`` for every pair of inputs, and every varian
 
 from __future__ import annotations
 
+import enum
 import math
 import string
 from collections.abc import Callable, Sequence
@@ -35,7 +36,18 @@ from jax import lax
 from smnngp.kernels import Kernel
 from smnngp.stax._core import Layer, _is_concrete, _single_shape, to_canonical
 
-__all__ = ["Aggregate"]
+__all__ = ["Aggregate", "AggregateImplementation"]
+
+
+class AggregateImplementation(enum.Enum):
+    """How `Aggregate` receives its graphs: ``DENSE`` adjacency arrays or ``SPARSE`` edge lists.
+
+    Either member (or its value, the string) may be passed as ``Aggregate(implementation=...)``.
+    """
+
+    DENSE = "DENSE"
+    SPARSE = "SPARSE"
+
 
 _IMPLEMENTATIONS = ("DENSE", "SPARSE")
 _HIGHEST = lax.Precision.HIGHEST
@@ -84,7 +96,8 @@ def Aggregate(
             above, called on every pattern at every call; identity by default (``None`` also means identity).
             Ignored with ``"SPARSE"``.
         implementation: ``"DENSE"`` (default; matrix products, for dense graphs) or ``"SPARSE"`` (segment
-            sums over edge lists, for graphs with E of the order of V), case-insensitive.
+            sums over edge lists, for graphs with E of the order of V), case-insensitive, or an
+            `AggregateImplementation` member.
 
     Returns:
         `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters whose output has the shape of its input;
