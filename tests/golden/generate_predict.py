@@ -113,13 +113,15 @@ def _gd_inputs(onehot, trace_none=False):
     return make
 
 
-def _gd_run(loss, lr=1.0, momentum=None, trace_axes=(-1,)):
+def _gd_run(loss, lr=1.0, momentum=None, trace_axes=(-1,), more=False):
+    """Each layout of the ODE state compiles the solver once: the extra calls (``more``) are made in one case."""
     def run(predict, stax, d):
         fn = predict.gradient_descent(loss, d["kdd"], d["y"], lr, momentum, trace_axes)
         out = {}
         flatten("both", fn(d["t"], d["f0"], d["ft0"], d["ktd"]), out)
-        flatten("scalar_train", fn(1.5, d["f0"]), out)
-        flatten("test_only", fn(d["t"][1:], None, d["ft0"], d["ktd"]), out)
+        if more:
+            flatten("scalar_train", fn(1.5, d["f0"]), out)
+            flatten("test_only", fn(d["t"][1:], None, d["ft0"], d["ktd"]), out)
         if momentum is not None:
             state = predict.ODEState(d["f0"], d["ft0"], 0.1 * d["f0"], None)
             flatten("state", fn(d["t"][1:], state, None, d["ktd"]), out)
@@ -177,8 +179,7 @@ def _ens_inputs(c=2):
 
 
 def _mlp(stax):
-    return stax.serial(stax.Dense(16, W_std=1.5, b_std=0.1), stax.Relu(), stax.Dense(16, W_std=1.3, b_std=0.2),
-                       stax.Erf(), stax.Dense(1, W_std=1.2, b_std=0.05))[2]
+    return stax.serial(stax.Dense(16, W_std=1.5, b_std=0.1), stax.Relu(), stax.Dense(1, W_std=1.2, b_std=0.05))[2]
 
 
 def _ens_run(lr=1.0, diag_reg=0.0, absolute=False, trace_axes=(-1,)):
@@ -219,7 +220,7 @@ CASES = {
     "mse_diag_reg_absolute": (_mse_inputs(), _mse_run(lr=2.0, diag_reg=0.1, absolute=True)),
     "mse_trace_none": (_mse_inputs(trace_none=True), _mse_run(lr=0.5, diag_reg=0.01, trace_axes=())),
     "gd_mse": (_gd_inputs(False), _gd_run(_mse_loss, lr=0.8)),
-    "gd_xent": (_gd_inputs(True), _gd_run(_xent, lr=2.0)),
+    "gd_xent": (_gd_inputs(True), _gd_run(_xent, lr=2.0, more=True)),
     "gd_xent_momentum": (_gd_inputs(True), _gd_run(_xent, lr=0.5, momentum=0.9)),
     "gd_mse_trace_none": (_gd_inputs(False, trace_none=True), _gd_run(_mse_loss, lr=1.0, trace_axes=())),
     "gp_basic": (_gp_inputs(), _gp_run()),
