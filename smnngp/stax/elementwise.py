@@ -22,7 +22,10 @@ from smnngp.stax._core import (
 # Activations
 # ---------------------------------------------------------------------------
 
-__all__ = ["Relu", "ABRelu", "LeakyRelu", "Erf", "Gelu", "Sin", "Gaussian", "ElementwiseNumerical"]
+__all__ = [
+    "Relu", "ABRelu", "LeakyRelu", "Abs", "Sign", "Erf", "Sigmoid_like", "Gelu", "Sin", "Cos", "Rbf", "Exp",
+    "Gaussian", "Gabor", "ExpNormalized", "Elementwise", "ElementwiseNumerical",
+]
 
 
 def _pair_variances(k: Kernel):
@@ -148,46 +151,81 @@ def _atan2(y, x, x_nonnegative: bool = False):
     return jnp.where(jnp.signbit(y), -t, t)
 
 
-def ABRelu(a: float, b: float) -> Layer:
+def _angle(c, v1, v2):
+    """``(sqrt(v1 v2 - c^2), theta)``, theta = arccos(c / sqrt(v1 v2)) in [0, pi], for the arc-cosine kernels.
+
+    sqrt(v1 v2 - c^2) = sqrt(v1 v2) sin(theta) is written as sqrt((s - c)(s + c)) with s = sqrt(v1 v2), so
+    that it is exactly 0 at coincident points even when XLA contracts v1 v2 - c^2 into an FMA. Correlations
+    within 16 ulps of +-1 are taken as exactly +-1 (collinear inputs): beyond that the inputs' rounding cannot
+    resolve the angle, and the square root would turn last-bit noise into ~1e-8 errors and tiny negative
+    eigenvalues. Also returns s.
+    """
+    root = jnp.sqrt(v1 * v2)
+    tol = 16 * jnp.finfo(c.dtype).eps * root
+    lo, hi = root - c, root + c
+    lo = jnp.where(lo <= tol, 0.0, lo)
+    hi = jnp.where(hi <= tol, 0.0, hi)
+    prod = lo * hi
+    # Double where: sqrt's derivative at 0 is infinite, and inf * 0 would poison
+    # hyperparameter gradients at coincident points; values are unchanged.
+    sin_part = jnp.where(prod > 0, jnp.sqrt(jnp.where(prod > 0, prod, 1.0)), 0.0)
+    return sin_part, _atan2(sin_part, c), root
+
+
+def _pow2_scale(c):
+    """An exact power of two near 1 / max|c| (1 when c is all zero), without gradient.
+
+    Multiplying by it is exact in floating point, so a kernel map that is homogeneous of degree 1 in
+    (c, v1, v2) gives, bit for bit, the same result on rescaled inputs; the rescaling only moves the
+    intermediate products (v1 v2) away from overflow and underflow.
+    """
+    m = lax.stop_gradient(jnp.max(jnp.abs(c)))
+    m = jnp.where((m > 0) & jnp.isfinite(m), m, 1.0)
+    _, e = jnp.frexp(m)
+    info = jnp.finfo(c.dtype)
+    e = jnp.clip(e, int(info.minexp) + 2, int(info.maxexp) - 2)
+    return jnp.ldexp(jnp.ones((), c.dtype), -e)
+
+
+def _check_flag(value, name: str, layer: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{layer}: {name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def ABRelu(a: float, b: float, do_stabilize: bool = False) -> Layer:
     """phi(x) = a min(x, 0) + b max(x, 0) (Cho & Saul 2009 arc-cosine kernel, generalised).
 
     With theta the angle between u and v:
     E[phi phi] = (a - b)^2 / (2 pi) sqrt(v1 v2) sin(theta) + [(a^2 + b^2)/2 - (a - b)^2 theta / (2 pi)] c,
     E[phi' phi'] = (a^2 + b^2)/2 - (a - b)^2 theta / (2 pi).
 
+    E[phi phi] is homogeneous of degree 1 in (c, v1, v2) and E[phi' phi'] of degree 0. ``do_stabilize=True``
+    evaluates both on (c, v1, v2) divided by the power of two nearest max|c| and multiplies E[phi phi] back:
+    the rescaling is exact, so the values are those of ``do_stabilize=False`` wherever the latter neither
+    overflows nor underflows (v1 v2 beyond the dtype's range, as in very deep networks), and finite there.
+
     Args:
         a: slope for negative inputs, a finite number (may be traced).
         b: slope for positive inputs, a finite number (may be traced).
+        do_stabilize: rescale the covariances before the formula (for very deep networks; see above).
 
     Returns:
         Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine
         layer (`Dense` or `Conv`).
 
     Raises:
-        TypeError: if ``a`` or ``b`` is not a number.
+        TypeError: if ``a`` or ``b`` is not a number, or ``do_stabilize`` not a bool.
         ValueError: if a concrete ``a`` or ``b`` is not finite, or a traced one is not a scalar.
     """
     a, b = _act_param(a, "a", "ABRelu"), _act_param(b, "b", "ABRelu")
+    stabilize = _check_flag(do_stabilize, "do_stabilize", "ABRelu")
 
     def fn(x):
         return a * jnp.minimum(x, 0) + b * jnp.maximum(x, 0)
 
     def moments(c, v1, v2, want_dot):
-        # sqrt(v1 v2 - c^2) = sqrt(v1 v2) sin(theta), written as (s - c)(s + c) so that it is
-        # exactly 0 at coincident points even when XLA contracts v1 v2 - c^2 into an FMA.
-        # Correlations within 16 ulps of +-1 are taken as exactly +-1 (collinear inputs):
-        # beyond that the inputs' rounding cannot resolve the angle, and the square root
-        # would turn last-bit noise into ~1e-8 errors and tiny negative eigenvalues.
-        root = jnp.sqrt(v1 * v2)
-        tol = 16 * jnp.finfo(c.dtype).eps * root
-        lo, hi = root - c, root + c
-        lo = jnp.where(lo <= tol, 0.0, lo)
-        hi = jnp.where(hi <= tol, 0.0, hi)
-        prod = lo * hi
-        # Double where: sqrt's derivative at 0 is infinite, and inf * 0 would poison
-        # hyperparameter gradients at coincident points; values are unchanged.
-        sin_part = jnp.where(prod > 0, jnp.sqrt(jnp.where(prod > 0, prod, 1.0)), 0.0)
-        theta = _atan2(sin_part, c)
+        sin_part, theta, _ = _angle(c, v1, v2)
         slope = (a - b) ** 2 / (2 * math.pi)
         dot = (a * a + b * b) / 2 - slope * theta
         return slope * sin_part + dot * c, (dot if want_dot else None)
@@ -196,36 +234,98 @@ def ABRelu(a: float, b: float) -> Layer:
         # theta = 0 on the diagonal; equal, bit for bit, to moments(v, v, v).
         return ((a * a + b * b) / 2) * v
 
+    if stabilize:
+        moments = _stabilized(moments)
     return _activation(f"ABRelu({_fmt(a)}, {_fmt(b)})", fn, moments, diag)
 
 
-def Relu() -> Layer:
+def _stabilized(moments):
+    """``moments`` of degree-1 homogeneous E[phi phi], evaluated on exactly rescaled covariances."""
+
+    def wrapped(c, v1, v2, want_dot):
+        scale = _pow2_scale(c)
+        val, dot = moments(c * scale, v1 * scale, v2 * scale, want_dot)
+        return val / scale, dot
+
+    return wrapped
+
+
+def Relu(do_stabilize: bool = False) -> Layer:
     """phi(x) = max(x, 0).
+
+    Args:
+        do_stabilize: rescale the covariances before the arc-cosine formula (see `ABRelu`).
 
     Returns:
         Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)``: `ABRelu` with ``a = 0``, ``b = 1``, named "Relu".
+
+    Raises:
+        TypeError: if ``do_stabilize`` is not a bool.
     """
-    layer = ABRelu(0.0, 1.0)
+    layer = ABRelu(0.0, 1.0, _check_flag(do_stabilize, "do_stabilize", "Relu"))
     layer.name = "Relu"
     return layer
 
 
-def LeakyRelu(alpha: float) -> Layer:
+def LeakyRelu(alpha: float, do_stabilize: bool = False) -> Layer:
     """phi(x) = x for x > 0, alpha x otherwise.
 
     Args:
         alpha: slope for negative inputs, a finite number (may be traced).
+        do_stabilize: rescale the covariances before the arc-cosine formula (see `ABRelu`).
 
     Returns:
         Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)``: `ABRelu` with ``a = alpha``, ``b = 1``.
 
     Raises:
-        TypeError: if ``alpha`` is not a number.
+        TypeError: if ``alpha`` is not a number, or ``do_stabilize`` not a bool.
         ValueError: if a concrete ``alpha`` is not finite.
     """
-    layer = ABRelu(_act_param(alpha, "alpha", "LeakyRelu"), 1.0)
+    layer = ABRelu(_act_param(alpha, "alpha", "LeakyRelu"), 1.0,
+                   _check_flag(do_stabilize, "do_stabilize", "LeakyRelu"))
     layer.name = f"LeakyRelu({_fmt(alpha)})"
     return layer
+
+
+def Abs(do_stabilize: bool = False) -> Layer:
+    """phi(x) = |x|: `ABRelu` with a = -1, b = 1.
+
+    E[phi phi] = (2 / pi) (sqrt(v1 v2 - c^2) + (pi/2 - theta) c), E[phi' phi'] = 1 - 2 theta / pi.
+
+    Args:
+        do_stabilize: rescale the covariances before the arc-cosine formula (see `ABRelu`).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` named "Abs"; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``do_stabilize`` is not a bool.
+    """
+    layer = ABRelu(-1.0, 1.0, _check_flag(do_stabilize, "do_stabilize", "Abs"))
+    layer.name = "Abs"
+    return layer
+
+
+def Sign() -> Layer:
+    """phi(x) = sign(x).
+
+    E[sign(u) sign(v)] = 1 - 2 theta / pi (theta = arccos(c / sqrt(v1 v2)); 0 where a variance is 0), and
+    E[phi phi] = 1 on the diagonal of a nonzero variance. phi' = 0 almost everywhere, so the NTK after the
+    layer is 0 (the layer passes no gradient to what comes before it).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+    """
+
+    def moments(c, v1, v2, want_dot):
+        _, theta, root = _angle(c, v1, v2)
+        val = jnp.where(root > 0, 1 - theta * (2 / math.pi), 0.0)
+        return val, (jnp.zeros_like(val) if want_dot else None)
+
+    def diag(v):
+        return jnp.where(v == 0, 0.0, 1.0).astype(v.dtype)
+
+    return _activation("Sign", jnp.sign, moments, diag)
 
 
 def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
@@ -270,6 +370,20 @@ def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
         return a * a * (2 / math.pi) * jnp.arctan2(2 * b2v, jnp.sqrt(1 + 4 * b2v)) + shift * shift
 
     return _activation(f"Erf({_fmt(a)}, {_fmt(b)}, {_fmt(shift)})", fn, moments, diag)
+
+
+def Sigmoid_like() -> Layer:
+    """phi(x) = erf(x / 2.4020563531719796) / 2 + 1/2, an erf fitted to the logistic sigmoid on [-5, 5].
+
+    The constant minimises the squared difference to 1 / (1 + e^-x) on [-5, 5] (neural-tangents' choice);
+    the kernel is that of `Erf` with a = 1/2, b = 1 / 2.4020563531719796, c = 1/2.
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` named "Sigmoid_like"; it must follow an affine layer.
+    """
+    layer = Erf(a=0.5, b=1 / 2.4020563531719796, c=0.5)
+    layer.name = "Sigmoid_like"
+    return layer
 
 
 def Gelu(approximate: bool = False) -> Layer:
@@ -339,6 +453,135 @@ def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
         return val, dot
 
     return _activation(f"Sin({_fmt(a)}, {_fmt(b)}, {_fmt(phase)})", fn, moments)
+
+
+def Cos(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
+    """phi(x) = a cos(b x + c) = a sin(b x + c + pi/2): `Sin` with the phase moved by pi/2.
+
+    E[phi phi] = a^2/2 [e^{-b^2 (v1 + v2 - 2 cov)/2} + e^{-b^2 (v1 + v2 + 2 cov)/2} cos 2c],
+    E[phi' phi'] = a^2 b^2 / 2 [e^{-b^2 (v1 + v2 - 2 cov)/2} - e^{-b^2 (v1 + v2 + 2 cov)/2} cos 2c].
+
+    Args:
+        a: output scale, a finite number (may be traced).
+        b: frequency, a finite number (may be traced).
+        c: phase, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``a``, ``b`` or ``c`` is not a number.
+        ValueError: if a concrete one of them is not finite.
+    """
+    phase = _act_param(c, "c", "Cos")
+    layer = Sin(_act_param(a, "a", "Cos"), _act_param(b, "b", "Cos"), phase + math.pi / 2)
+    layer.name = f"Cos({_fmt(a)}, {_fmt(b)}, {_fmt(phase)})"
+    return layer
+
+
+def Rbf(gamma: float = 1.0) -> Layer:
+    """The activation whose NNGP is the squared-exponential kernel of its pre-activations.
+
+    phi(x) = sqrt(2) sin(sqrt(2 gamma) x + pi/4) (`Sin` with a = sqrt(2), b = sqrt(2 gamma), c = pi/4, for
+    which the cos 2c term vanishes), so that
+    E[phi phi] = exp(-gamma (v1 + v2 - 2 cov)) = exp(-gamma E(u - v)^2), E[phi' phi'] = 2 gamma E[phi phi].
+    After ``Dense(W_std=1, b_std=0)`` on inputs of dimension d this is exp(-gamma |x - x'|^2 / d).
+
+    Args:
+        gamma: inverse squared length scale, gamma = 1 / (2 l^2); a non-negative number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``gamma`` is not a number.
+        ValueError: if a concrete ``gamma`` is negative or not finite.
+    """
+    gamma = _act_param(gamma, "gamma", "Rbf")
+    if not isinstance(gamma, jax.core.Tracer) and gamma < 0:
+        raise ValueError(f"Rbf: gamma must be non-negative, got {gamma}")
+
+    def fn(x):
+        return math.sqrt(2) * jnp.sin(jnp.sqrt(2 * gamma) * x + math.pi / 4)
+
+    def moments(cov, v1, v2, want_dot):
+        val = jnp.exp(gamma * (2 * cov - v1 - v2))
+        return val, (2 * gamma * val if want_dot else None)
+
+    def diag(v):
+        return jnp.ones_like(v)
+
+    return _activation(f"Rbf({_fmt(gamma)})", fn, moments, diag)
+
+
+def Exp(a: float = 1.0, b: float = 1.0) -> Layer:
+    """phi(x) = a exp(b x).
+
+    E[phi phi] = a^2 E[e^{b(u + v)}] = a^2 exp(b^2 (v1 + v2 + 2 cov) / 2) (the Gaussian moment generating
+    function), E[phi' phi'] = b^2 E[phi phi].
+
+    Args:
+        a: output scale, a finite number (may be traced).
+        b: input scale, a finite number (may be traced).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+
+    Raises:
+        TypeError: if ``a`` or ``b`` is not a number.
+        ValueError: if a concrete ``a`` or ``b`` is not finite.
+    """
+    a, b = _act_param(a, "a", "Exp"), _act_param(b, "b", "Exp")
+
+    def fn(x):
+        return a * jnp.exp(b * x)
+
+    def moments(cov, v1, v2, want_dot):
+        val = a * a * jnp.exp(b * b * ((v1 + v2) / 2 + cov))
+        return val, (b * b * val if want_dot else None)
+
+    def diag(v):
+        return a * a * jnp.exp(2 * b * b * v)
+
+    return _activation(f"Exp({_fmt(a)}, {_fmt(b)})", fn, moments, diag)
+
+
+def Gabor() -> Layer:
+    """phi(x) = exp(-x^2) sin(x).
+
+    With s = v1 + v2, Delta = 4 (v1 v2 - cov^2) and D = det(I + 2 Sigma) = 1 + 2 s + Delta, writing
+    sin u sin v = [cos(u - v) - cos(u + v)] / 2 and using E[e^{-|z|^2 + i w.z}] = D^{-1/2}
+    exp(-w' Sigma (I + 2 Sigma)^{-1} w / 2) with w = (1, -+1):
+    E[phi phi] = exp(-(s + Delta) / (2D)) sinh(cov / D) / sqrt(D);
+    E[phi' phi'] = d E[phi phi] / d cov (Price's theorem)
+                 = exp(-(s + Delta) / (2D)) D^{-5/2} [(D + 8 cov^2) cosh(cov / D) + 4 cov (1 + s + D) sinh(cov / D)].
+    On the diagonal (u = v, variance v): (1 - exp(-2v / (1 + 4v))) / (2 sqrt(1 + 4v)).
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters; it must follow an affine layer.
+    """
+
+    def fn(x):
+        return jnp.exp(-x * x) * jnp.sin(x)
+
+    def moments(cov, v1, v2, want_dot):
+        s = v1 + v2
+        delta = 4 * (v1 * v2 - cov * cov)
+        d = 1 + 2 * s + delta
+        r = cov / d
+        env = jnp.exp(-(s + delta) / (2 * d))
+        val = env * jnp.sinh(r) * lax.rsqrt(d)
+        dot = None
+        if want_dot:
+            dot = env * (d + 8 * cov * cov) * jnp.cosh(r) + env * 4 * cov * (1 + s + d) * jnp.sinh(r)
+            dot = dot * lax.rsqrt(d) / (d * d)
+        return val, dot
+
+    def diag(v):
+        d = 1 + 4 * v
+        return -jnp.expm1(-2 * v / d) / (2 * jnp.sqrt(d))
+
+    return _activation("Gabor", fn, moments, diag)
 
 
 def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
@@ -428,3 +671,94 @@ def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> 
 
     name = getattr(fn, "__name__", "fn")
     return _activation(f"ElementwiseNumerical({name}, deg={deg})", fn, moments, symmetric=False)
+
+
+def ExpNormalized(gamma: float = 1, shift: float = -1, do_clip: bool = False) -> Layer:
+    """The "Gaussian normalised kernel" map (Shankar et al. 2020, "Neural Kernels Without Tangents", p. 6).
+
+    Not the kernel of an elementwise activation: with r = sqrt(max(v1 v2, 1e-30)) and rho = cov / r
+    (clipped to [-1, 1] when ``do_clip``), the covariances become
+    K' = r exp(gamma (rho + shift)),  and the NTK  NTK' = NTK gamma exp(gamma (rho + shift)) = NTK dK'/dcov.
+    It is homogeneous of degree 1 in (cov, v1, v2), so the scale of the input kernel is kept.
+
+    Args:
+        gamma: exponent coefficient, a finite number (may be traced).
+        shift: added to the normalised covariance before exponentiating, a finite number (may be traced).
+        do_clip: clip the normalised covariance to [-1, 1] (rounding can push it slightly beyond).
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` whose ``kernel_fn`` is the map above; it must follow an
+        affine layer. It has no finite-width counterpart: ``apply_fn`` raises NotImplementedError.
+
+    Raises:
+        TypeError: if ``gamma`` or ``shift`` is not a number, or ``do_clip`` not a bool.
+        ValueError: if a concrete ``gamma`` or ``shift`` is not finite.
+    """
+    gamma, shift = _act_param(gamma, "gamma", "ExpNormalized"), _act_param(shift, "shift", "ExpNormalized")
+    clip = _check_flag(do_clip, "do_clip", "ExpNormalized")
+
+    def fn(x):
+        raise NotImplementedError("ExpNormalized: the layer is a kernel map with no finite-width network; "
+                                  "apply_fn is not available")
+
+    def moments(cov, v1, v2, want_dot):
+        r = jnp.sqrt(jnp.maximum(v1 * v2, 1e-30))
+        rho = cov / r
+        if clip:
+            rho = jnp.clip(rho, -1.0, 1.0)
+        e = jnp.exp(gamma * (rho + shift))
+        return r * e, (gamma * e if want_dot else None)
+
+    return _activation(f"ExpNormalized({_fmt(gamma)}, {_fmt(shift)}, do_clip={clip})", fn, moments)
+
+
+def Elementwise(fn: Callable | None = None, nngp_fn: Callable | None = None,
+                d_nngp_fn: Callable | None = None) -> Layer:
+    """An activation from user-supplied closed forms of its two-dimensional Gaussian integrals.
+
+    ``nngp_fn(cov, var1, var2) = E[fn(u) fn(v)]`` and ``d_nngp_fn(cov, var1, var2) = E[fn'(u) fn'(v)]`` for
+    (u, v) ~ N(0, [[var1, cov], [cov, var2]]), both on scalars (they are vectorised here). The kernel maps are
+    K' = nngp_fn(K, v1, v2) and NTK' = NTK d_nngp_fn(K, v1, v2). Without ``d_nngp_fn`` it is
+    d nngp_fn / d cov by automatic differentiation (Price's theorem: E[fn' fn'] = dE[fn fn]/dcov); closed forms
+    are more accurate, and autodiff of a ``jnp.where`` may give NaN. Without ``nngp_fn`` only the finite network
+    exists (use `ElementwiseNumerical` for quadrature).
+
+    Args:
+        fn: the activation phi on arrays, elementwise; ``None`` makes ``apply_fn`` raise NotImplementedError.
+        nngp_fn: ``(cov, var1, var2) -> E[phi(u) phi(v)]``; ``None`` makes ``kernel_fn`` raise
+            NotImplementedError.
+        d_nngp_fn: ``(cov, var1, var2) -> E[phi'(u) phi'(v)]``; ``None`` differentiates ``nngp_fn``.
+
+    Returns:
+        Elementwise `Layer` ``(init_fn, apply_fn, kernel_fn)`` named after ``fn`` (else ``nngp_fn``); it must
+        follow an affine layer.
+
+    Raises:
+        ValueError: if neither ``fn`` nor ``nngp_fn`` is given.
+        TypeError: if a given argument is not callable.
+    """
+    for arg, value in (("fn", fn), ("nngp_fn", nngp_fn), ("d_nngp_fn", d_nngp_fn)):
+        if value is not None and not callable(value):
+            raise TypeError(f"Elementwise: {arg} must be callable or None, got {type(value).__name__}")
+    if fn is None and nngp_fn is None:
+        raise ValueError("Elementwise: neither fn (the finite network) nor nngp_fn (the kernel) was given, "
+                         "the layer would do nothing")
+    name = f"Elementwise({getattr(fn if fn is not None else nngp_fn, '__name__', 'fn')})"
+
+    def apply(x):
+        if fn is None:
+            raise NotImplementedError(f"{name}: no fn was given, so the finite network (apply_fn) is undefined")
+        return fn(x)
+
+    if nngp_fn is not None:
+        value_fn = jnp.vectorize(nngp_fn)
+        dot_fn = jnp.vectorize(d_nngp_fn if d_nngp_fn is not None else jax.grad(nngp_fn))
+
+    def moments(cov, v1, v2, want_dot):
+        if nngp_fn is None:
+            raise NotImplementedError(f"{name}: no nngp_fn was given, so the kernel is undefined; give nngp_fn "
+                                      f"or use ElementwiseNumerical(fn, deg) for quadrature")
+        val = value_fn(cov, v1, v2).astype(cov.dtype)
+        return val, (dot_fn(cov, v1, v2).astype(cov.dtype) if want_dot else None)
+
+    return _activation(name, apply, moments)
