@@ -128,10 +128,10 @@ def test_identities_between_layers():
         assert rel(ka.nngp, kb.nngp) < 1e-13 and rel(ka.ntk, kb.ntk) < 1e-13, (a.name, b.name)
         assert rel(ka.cov1, kb.cov1) < 1e-13
     # Monomial(n) diagonal is (2n - 1)!! v^n; RectifiedMonomial(n) half of it; Rbf's is 1.
-    v = k(stax.Identity()).cov1 if hasattr(stax, "Identity") else None
-    if v is not None:
-        assert rel(k(stax.Monomial(4)).cov1, 105 * v**4) < 1e-13
-        assert rel(k(stax.RectifiedMonomial(3)).cov1, 7.5 * v**3) < 1e-13
+    v = 1.3**2 * jnp.mean(x1 * x1, axis=1) + 0.3**2
+    assert rel(k(stax.Monomial(4)).cov1, 105 * v**4) < 1e-13
+    assert rel(k(stax.RectifiedMonomial(3)).cov1, 7.5 * v**3) < 1e-13
+    assert rel(k(stax.RectifiedMonomial(0)).cov1, 0.5 * np.ones(4)) < 1e-15
     assert rel(k(stax.Rbf(2.0)).cov1, np.ones(4)) == 0.0
 
 
@@ -237,3 +237,14 @@ def test_traced_scales_are_differentiable():
 
     g = jax.jit(jax.grad(nngp_sum))(jnp.array([0.5, 0.8, 0.3, 1.2]))
     assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g) != 0)
+
+
+def test_full_spatial_covariances_are_the_batch_diagonal():
+    """With x2 = None, cov1 (all position pairs) is the batch diagonal of nngp after every layer, Sign included
+    (neural-tangents 0.6.5 sets Sign's off-diagonal position pairs of cov1 to 1)."""
+    x = jnp.asarray(np.random.RandomState(4).normal(size=(3, 4, 2)))
+    for act in (stax.Sign(), stax.Gabor(), stax.RectifiedMonomial(2), stax.Polynomial([0.1, 1.0, 0.3])):
+        k = stax.serial(stax.Conv(4, (3,), padding="SAME", W_std=1.3, b_std=0.2), act)[2](x, None)
+        assert k.cov1.shape == (3, 4, 4)
+        diag = jnp.moveaxis(jnp.diagonal(k.nngp, axis1=0, axis2=1), -1, 0)
+        assert rel(k.cov1, diag) < 1e-13, act.name
