@@ -2,7 +2,7 @@
 
 Golden values from neural-tangents are in tests/golden/cases_pooling.py (run by tests/test_golden.py); here:
 
-* Monte Carlo: a width-256 CNN through SumPool, ImageResize, Index, DotGeneral and GlobalSumPool, 600 random
+* Monte Carlo: width-256 networks through SumPool, ImageResize, Index, DotGeneral, (NCHW) GlobalSumPool; 400
   initialisations; the empirical output covariance must match the NNGP within 4 standard errors plus 3% of the
   kernel's scale (the finite-width bias of one hidden layer of width 256 is O(1/256); a wrong window, resize
   matrix, index or contraction moves entries by far more);
@@ -39,7 +39,7 @@ def test_monte_carlo_matches_kernel():
         S.Flatten(), S.Dense(1, W_std=1.0),
     )
     x = _x((4, 6, 5, 2))
-    emp, se = monte_carlo_nngp(net[0], net[1], x, jax.random.PRNGKey(0), 600, 200)
+    emp, se = monte_carlo_nngp(net[0], net[1], x, jax.random.PRNGKey(0), 400, 200)
     k = np.asarray(net[2](x, None, "nngp"))
     assert np.all(np.abs(emp - k) <= 4 * se + 0.03 * np.abs(k).max())
 
@@ -47,7 +47,7 @@ def test_monte_carlo_matches_kernel():
 def test_monte_carlo_global_sum_pool_nchw():
     net = S.serial(S.GlobalSumPool(channel_axis=1), S.Dense(256, W_std=1.3, b_std=0.2), S.Erf(), S.Dense(1))
     x = _x((4, 3, 5, 4), 1) * 0.5
-    emp, se = monte_carlo_nngp(net[0], net[1], x, jax.random.PRNGKey(1), 600, 200)
+    emp, se = monte_carlo_nngp(net[0], net[1], x, jax.random.PRNGKey(1), 400, 200)
     k = np.asarray(net[2](x, None, "nngp"))
     assert np.all(np.abs(emp - k) <= 4 * se + 0.03 * np.abs(k).max())
 
