@@ -284,14 +284,16 @@ def batched_kernel_fn(
 
     compiled_cache: dict = {}
 
-    def group_fn(get_key, static_kwargs, n_args):
-        key = (get_key, static_kwargs, n_args)
+    def group_fn(get_key, static_kwargs, n_args, self_pair):
+        key = (get_key, static_kwargs, n_args, self_pair)
         if key not in compiled_cache:
             names = get_key
 
             def one_tile(a, b, extra):
+                # A tile on the diagonal of a symmetric kernel is k(a, a): computed as kernel_fn(a, None), which
+                # is what makes it the same as the unbatched kernel where a layer tells x2 = x1 apart (Dropout).
                 args, array_kwargs = extra
-                out = kernel_fn(a, b, names, *args, **array_kwargs, **dict(static_kwargs))
+                out = kernel_fn(a, None if self_pair else b, names, *args, **array_kwargs, **dict(static_kwargs))
                 return tuple(getattr(out, n) for n in names)
 
             compiled_cache[key] = jax.jit(
@@ -330,16 +332,20 @@ def batched_kernel_fn(
         x2p = _pad_rows(x2, t2 * b2).reshape((t2, b2) + x2.shape[1:])
         pairs = [(i, j) for i in range(t1) for j in range(t2) if not (symmetric and j < i)]
         group = len(devs)
-        tile = group_fn(names, static_kwargs, len(args))
         extra = (tuple(args), array_kwargs)
         outs = [None] * len(names)
-        iterator = range(0, len(pairs), group)
+        # Groups of tiles: with x2 = None, the diagonal tiles form groups of their own (see one_tile).
+        batches = []
+        for self_pair in ((True, False) if symmetric else (False,)):
+            todo = [p for p in pairs if (p[0] == p[1]) == self_pair] if symmetric else pairs
+            batches += [(self_pair, todo[s : s + group]) for s in range(0, len(todo), group)]
+        iterator = batches
         if progress:
             from tqdm.auto import tqdm
 
             iterator = tqdm(iterator, desc="kernel tiles", unit="group")
-        for start in iterator:
-            chunk = pairs[start : start + group]
+        for self_pair, chunk in iterator:
+            tile = group_fn(names, static_kwargs, len(args), self_pair)
             # Pad the last group by repeating a pair so every device has a tile.
             padded = chunk + [chunk[-1]] * (group - len(chunk))
             a = x1p[np.array([p[0] for p in padded])]

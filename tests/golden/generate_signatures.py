@@ -31,6 +31,8 @@ def describe(obj):
     params = []
     for p in sig.parameters.values():
         default = None if p.default is inspect.Parameter.empty else repr(p.default)
+        if default is not None and default.startswith("<function"):
+            default = "<function>"  # no memory addresses: the file must not change between runs
         params.append([p.name, p.kind.name, default])
     return {"kind": "function", "params": params}
 
