@@ -47,9 +47,9 @@ residual blocks) and `smnngp.variational` trains its kernel.
 Layout of the package (one module per family; every public name is re-exported
 here, so ``smnngp.stax.Dense`` and ``from smnngp.stax import serial`` are the
 import paths to use): `smnngp.stax._core` (the `Layer` type, the public
-``kernel_fn``, shared helpers), `linear` (dense and convolutional layers),
+``kernel_fn``, shared helpers), `linear` (dense layers), `conv` (convolutions),
 `pooling`, `shape` (indexing, slicing, resizing, contractions),
-`elementwise`, `attention`, `normalization` (LayerNorm, Dropout), `graphs`
+`elementwise`, `elementwise_polynomial`, `attention`, `normalization` (LayerNorm, Dropout), `graphs`
 (Aggregate), `combinators`, `parametric`. Each module lists its public names
 in ``__all__``; this package exports their union.
 """
@@ -58,6 +58,7 @@ in ``__all__``; this package exports their union.
 from smnngp.stax import (
     attention,
     combinators,
+    conv,
     elementwise,
     elementwise_polynomial,
     graphs,
@@ -67,9 +68,10 @@ from smnngp.stax import (
     pooling,
     shape,
 )
-from smnngp.stax._core import Layer
+from smnngp.stax._core import Layer, Padding
 from smnngp.stax.attention import *  # noqa: F403
 from smnngp.stax.combinators import *  # noqa: F403
+from smnngp.stax.conv import *  # noqa: F403
 from smnngp.stax.elementwise import *  # noqa: F403
 from smnngp.stax.elementwise_polynomial import *  # noqa: F403
 from smnngp.stax.graphs import *  # noqa: F403
@@ -79,6 +81,6 @@ from smnngp.stax.parametric import *  # noqa: F403
 from smnngp.stax.pooling import *  # noqa: F403
 from smnngp.stax.shape import *  # noqa: F403
 
-_FAMILIES = (linear, pooling, shape, elementwise, elementwise_polynomial, attention, normalization, graphs,
+_FAMILIES = (linear, conv, pooling, shape, elementwise, elementwise_polynomial, attention, normalization, graphs,
              combinators, parametric)
-__all__ = ["Layer"] + [name for module in _FAMILIES for name in module.__all__]
+__all__ = ["Layer", "Padding"] + [name for module in _FAMILIES for name in module.__all__]

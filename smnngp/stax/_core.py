@@ -6,6 +6,7 @@ kernels, scale checks, and the spatial window sums used by convolutions and pool
 
 from __future__ import annotations
 
+import enum
 import inspect
 import math
 
@@ -17,6 +18,22 @@ from jax import lax
 from smnngp.kernels import Kernel, canonical_get, select
 
 _PADDINGS = ("SAME", "VALID", "CIRCULAR")
+
+
+class Padding(enum.Enum):
+    """Padding of convolutions and pooling; a member or its name (any case) may be passed as ``padding=``.
+
+    ``CIRCULAR`` wraps around (periodic boundary); ``SAME`` and ``VALID`` are XLA's zero paddings.
+    """
+
+    CIRCULAR = "CIRCULAR"
+    SAME = "SAME"
+    VALID = "VALID"
+
+
+def padding_name(padding) -> str:
+    """``padding`` (a `Padding` member or a string) as one of 'SAME', 'VALID', 'CIRCULAR' (not validated)."""
+    return str(getattr(padding, "name", padding)).upper()
 
 
 class Layer(tuple):

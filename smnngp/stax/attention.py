@@ -40,6 +40,7 @@ NNGP is unchanged and each parameter's NTK term is multiplied by fan_in / std^2 
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
 
@@ -51,10 +52,27 @@ from jax import lax
 from smnngp.kernels import Kernel
 from smnngp.stax._core import Layer, _check_parameterization, _fmt, _single_shape, _std_value
 
-__all__ = ["GlobalSelfAttention"]
+__all__ = ["GlobalSelfAttention", "AttentionMechanism", "PositionalEmbedding"]
 
-_MECHANISMS = ("SOFTMAX", "IDENTITY", "ABS", "RELU")
-_POS_EMBS = ("NONE", "SUM", "CONCAT")
+class AttentionMechanism(enum.Enum):
+    """The attention nonlinearity of `GlobalSelfAttention`; a member or its name (any case) may be passed."""
+
+    SOFTMAX = "SOFTMAX"
+    IDENTITY = "IDENTITY"
+    ABS = "ABS"
+    RELU = "RELU"
+
+
+class PositionalEmbedding(enum.Enum):
+    """How `GlobalSelfAttention` adds positional embeddings: none, summed to the inputs, or concatenated."""
+
+    NONE = "NONE"
+    SUM = "SUM"
+    CONCAT = "CONCAT"
+
+
+_MECHANISMS = tuple(m.value for m in AttentionMechanism)
+_POS_EMBS = tuple(m.value for m in PositionalEmbedding)
 _HIGHEST = lax.Precision.HIGHEST
 _NEG_INF = -1e20  # a finite stand-in for -inf: a row whose every key is masked stays a valid softmax
 

@@ -25,6 +25,7 @@ from smnngp.stax._core import (
     _spatial_pads,
     _window_sum,
     canonical_shape,
+    padding_name,
     to_canonical,
 )
 
@@ -111,7 +112,7 @@ def _pool(kind: str, window_shape, strides, padding, normalize_edges, batch_axis
     strides = (1,) * nd if not strides else _int_tuple(strides, "strides", layer)
     if len(strides) != nd or any(s < 1 for s in strides) or any(w < 1 for w in window_shape):
         raise ValueError(f"{layer}: window and strides must be {nd} positive integers, got {window_shape}, {strides}")
-    padding = str(padding).upper()
+    padding = padding_name(padding)
     if padding not in _PADDINGS:
         raise ValueError(f"{layer}: padding must be one of {_PADDINGS}, got {padding!r}")
     layout = (_check_axis(batch_axis, "batch_axis", layer), _check_axis(channel_axis, "channel_axis", layer))
