@@ -11,18 +11,26 @@ interpreter's environment, neural-tangents in the pinned oracle environment at
 ``bash scripts/make_golden.sh``), both with the same thread settings and the
 same inputs, drawn here with a fixed seed and handed over in a temporary .npz.
 
-A worker first evaluates a tiny network that uses every layer type of the
-cases (so that backend start-up and the library's first trace are not charged
-to the case), then jits ``kernel_fn`` with ``static_argnames='get'`` and times
+A worker jits ``kernel_fn`` with ``static_argnames='get'`` and times
 the float64 train-train kernel (``x2=None``, ``get=('nngp', 'ntk')``): the first
 call (trace + compile + run) and the best of ``--repeats`` steady-state calls
 after it, each up to ``block_until_ready``. ``--rounds R`` repeats every
 measurement in R fresh processes, alternating the libraries, and keeps the best
 times (useful on a busy machine).
 
+The cases: the four of the first release (MLP-4 ReLU, MLP-3 Erf, CNN-4 ReLU
+with Flatten, a dense ResNet) and four that exercise the layers added for
+issue 29: a Myrtle-5 CNN with GlobalAvgPool on 32 x 32 x 3 images (all pairs
+of positions: ``diagonal_spatial=False``), a 2-layer attention network on
+length-64 sequences, an MLP with LayerNorm and Dropout, and a graph network
+with ``Aggregate`` (a random graph per input, passed as ``pattern``). Before
+the timed call, each worker runs the same architecture on a tiny input, so
+that backend start-up and the library's first trace of each layer are not
+charged to the case.
+
 The parent checks that both libraries' kernels agree, prints a table of ratios
-(ours / neural-tangents: below 1 means we are faster) and writes
-``benchmarks/results/kernels.json``.
+(ours / neural-tangents: below 1 means we are faster) with the memory XLA plans
+for each compiled call, and writes ``benchmarks/results/kernels.json``.
 """
 
 from __future__ import annotations
@@ -44,13 +52,19 @@ RESULTS = ROOT / "benchmarks" / "results" / "kernels.json"
 SEED = 0
 THREADS = "2"
 
-# name -> (label, input shape)
+# name -> (label, input shape, warm-up input shape)
 CASES = {
-    "mlp4_relu": ("MLP-4 ReLU", (2000, 8)),
-    "mlp3_erf": ("MLP-3 Erf", (1000, 13)),
-    "cnn4_relu": ("CNN-4 ReLU", (200, 8, 8, 1)),
-    "resnet": ("dense ResNet", (500, 6)),
+    "mlp4_relu": ("MLP-4 ReLU", (2000, 8), (2, 8)),
+    "mlp3_erf": ("MLP-3 Erf", (1000, 13), (2, 13)),
+    "cnn4_relu": ("CNN-4 ReLU", (200, 8, 8, 1), (2, 4, 4, 1)),
+    "resnet": ("dense ResNet", (500, 6), (2, 6)),
+    "myrtle5": ("Myrtle-5 GAP", (4, 32, 32, 3), (2, 8, 8, 3)),
+    "attention2": ("attention-2", (24, 64, 8), (2, 4, 8)),
+    "ln_dropout": ("LN+Dropout MLP", (1000, 12), (2, 12)),
+    "graph": ("graph (Aggregate)", (40, 16, 6), (2, 3, 6)),
 }
+# Cases whose kernel_fn takes a graph pattern: (N, nodes, nodes) adjacency, drawn with the inputs.
+PATTERN_CASES = ("graph",)
 
 
 def build(stax, name: str):
@@ -75,11 +89,34 @@ def build(stax, name: str):
             return stax.serial(stax.FanOut(2), stax.parallel(branch, stax.Identity()), stax.FanInSum())
 
         return stax.serial(stax.Dense(256, 1.2, 0.1), block(), block(), stax.Relu(), stax.Dense(1))
-    if name == "warmup":
-        conv = stax.Conv(2, (3, 3), padding="SAME", W_std=1.4, b_std=0.1)
-        branch = stax.serial(stax.Erf(), stax.Dense(4, 1.1))
-        residual = stax.serial(stax.FanOut(2), stax.parallel(branch, stax.Identity()), stax.FanInSum())
-        return stax.serial(conv, stax.Relu(), stax.Flatten(), stax.Dense(4, 1.5, 0.05), residual, stax.Dense(1))
+    if name == "myrtle5":  # Shankar et al. (2020), 'Neural kernels without tangents': 4 conv layers + readout
+
+        def conv_relu():
+            return [stax.Conv(128, (3, 3), padding="SAME", W_std=2**0.5, b_std=0.0), stax.Relu()]
+
+        pool = stax.AvgPool((2, 2), strides=(2, 2))
+        return stax.serial(*conv_relu(), *conv_relu(), pool, *conv_relu(), pool, *conv_relu(), pool,
+                           stax.GlobalAvgPool(), stax.Dense(10, W_std=1.0))
+    if name == "attention2":
+
+        def block():
+            return [stax.GlobalSelfAttention(n_chan_out=64, n_chan_key=64, n_chan_val=64, n_heads=4,
+                                             W_key_std=1.0, W_value_std=1.2, W_query_std=1.0, W_out_std=1.0),
+                    stax.Relu(), stax.Dense(64, W_std=1.4, b_std=0.05)]
+
+        return stax.serial(stax.Dense(64, W_std=1.2, b_std=0.1), *block(), *block(), stax.GlobalAvgPool(),
+                           stax.Dense(1))
+    if name == "ln_dropout":
+        hidden = [layer for _ in range(3)
+                  for layer in (stax.Dense(512, W_std=1.5, b_std=0.05), stax.LayerNorm(), stax.Relu(),
+                                stax.Dropout(0.9, mode="train"))]
+        return stax.serial(*hidden, stax.Dense(1))
+    if name == "graph":
+
+        def gcn():
+            return [stax.Dense(64, W_std=1.3, b_std=0.05), stax.Aggregate(), stax.Relu()]
+
+        return stax.serial(*gcn(), *gcn(), *gcn(), stax.GlobalAvgPool(), stax.Dense(1))
     raise ValueError(f"unknown case {name!r}; choose from {sorted(CASES)}")
 
 
@@ -108,24 +145,47 @@ def worker(library: str, case: str, inputs_path: str, out_path: str, repeats: in
         warnings.filterwarnings("ignore")
         from neural_tangents import stax
 
-    # Backend start-up and the library's first trace of each layer type are not the case's cost.
-    warm = jax.jit(build(stax, "warmup")[2], static_argnames="get")
-    jax.block_until_ready(warm(jnp.ones((2, 4, 4, 1)), None, get=("nngp", "ntk")))
+    import resource
 
-    x = jax.block_until_ready(jax.device_put(jnp.asarray(np.load(inputs_path)[case], jnp.float64)))
-    kernel_fn = jax.jit(build(stax, case)[2], static_argnames="get")
+    inputs = np.load(inputs_path)
+
+    def call_args(x, pattern):
+        # x2 = None: the train-train kernel; a graph case passes its adjacency for both arguments.
+        return {} if pattern is None else {"pattern": (pattern, pattern)}
+
+    # Backend start-up and the library's first trace of each layer type are not the case's cost: the same
+    # architecture runs once on a tiny input first (its own compilation, not reused by the timed call).
+    tiny = jnp.ones(CASES[case][2], jnp.float64)
+    tiny_pattern = jnp.ones((tiny.shape[0], tiny.shape[1], tiny.shape[1])) if case in PATTERN_CASES else None
+    warm = jax.jit(lambda a, kw: build(stax, case)[2](a, None, ("nngp", "ntk"), **kw))
+    jax.block_until_ready(warm(tiny, call_args(tiny, tiny_pattern)))
+
+    x = jax.block_until_ready(jax.device_put(jnp.asarray(inputs[case], jnp.float64)))
+    pattern = jnp.asarray(inputs[case + "__pattern"], jnp.float64) if case in PATTERN_CASES else None
+    kw = call_args(x, pattern)
+    kernel_fn = jax.jit(lambda a, kw: build(stax, case)[2](a, None, ("nngp", "ntk"), **kw))
 
     start = time.perf_counter()
-    out = jax.block_until_ready(kernel_fn(x, None, get=("nngp", "ntk")))
+    out = jax.block_until_ready(kernel_fn(x, kw))
     first = time.perf_counter() - start
     steady = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(kernel_fn(x, None, get=("nngp", "ntk")))
+        jax.block_until_ready(kernel_fn(x, kw))
         steady.append(time.perf_counter() - start)
+    # Memory: what XLA plans for the compiled call (temporaries + outputs), and the process's peak resident set.
+    planned = None
+    try:
+        stats = kernel_fn.lower(x, kw).compile().memory_analysis()
+        planned = int(stats.temp_size_in_bytes + stats.output_size_in_bytes) or None  # 0: not reported
+    except Exception:  # noqa: BLE001 - a backend without memory analysis: report the resident peak only
+        pass
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     np.savez(out_path + ".npz", nngp=np.asarray(out.nngp), ntk=np.asarray(out.ntk))
-    info = {"jax": jax.__version__, "jaxlib": jax.lib.__version__, "first": first, "steady": steady}
+    info = {"jax": jax.__version__, "jaxlib": jax.lib.__version__, "device": jax.devices()[0].device_kind,
+            "first": first, "steady": steady,
+            "planned_bytes": planned, "peak_rss_bytes": peak_rss}
     if library == "nt":
         import neural_tangents
 
@@ -140,15 +200,25 @@ def worker(library: str, case: str, inputs_path: str, out_path: str, repeats: in
 
 def make_inputs(names) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(SEED)
-    return {name: rng.standard_normal(CASES[name][1]) for name in names}
+    out = {}
+    for name in names:
+        out[name] = rng.standard_normal(CASES[name][1])
+        if name in PATTERN_CASES:  # a random undirected graph per input, with self-loops
+            n, nodes = CASES[name][1][:2]
+            edges = rng.random((n, nodes, nodes)) < 0.25
+            out[name + "__pattern"] = ((edges | edges.transpose(0, 2, 1)) | np.eye(nodes, dtype=bool)).astype(float)
+    return out
+
+
+PLATFORM = "cpu"  # set by --platform: the backend every worker uses
 
 
 def worker_env() -> dict[str, str]:
-    """The same environment for both libraries: fixed thread counts, CPU backend, quiet logs."""
+    """The same environment for both libraries: fixed thread counts, one backend (CPU unless --platform), quiet logs."""
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = THREADS
-    env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_PLATFORMS"] = PLATFORM
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     for var in ("JAX_COMPILATION_CACHE_DIR", "XLA_FLAGS", "PYTHONPATH"):
         env.pop(var, None)
@@ -171,7 +241,10 @@ def summarise(runs: list[dict]) -> dict:
     """Best first call and best steady call over the rounds, with every measurement kept."""
     firsts = [r["first"] for r in runs]
     steadies = [t for r in runs for t in r["steady"]]
-    return {"first": min(firsts), "steady": min(steadies), "first_all": firsts, "steady_all": steadies}
+    planned = [r["planned_bytes"] for r in runs if r.get("planned_bytes") is not None]
+    return {"first": min(firsts), "steady": min(steadies), "first_all": firsts, "steady_all": steadies,
+            "planned_bytes": max(planned) if planned else None,
+            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs)}
 
 
 def relative_error(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
@@ -189,28 +262,38 @@ def relative_error(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
 
 
 def git_commit() -> str:
-    from experiments.report import git_commit as commit  # the project's one implementation
-
+    try:
+        from experiments.report import git_commit as commit  # the project's one implementation
+    except ImportError:  # a bare machine (a lent GPU) without the experiments' dependencies
+        return "unknown"
     return commit(str(ROOT))
 
 
+def _mb(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f}"
+
+
 def print_table(names, ours: dict, nt: dict | None) -> None:
-    head = f"{'case':14s} {'ours 1st':>9s} {'NT 1st':>9s} {'ratio':>6s}   {'ours run':>9s} {'NT run':>9s} {'ratio':>6s}"
+    head = (f"{'case':18s} {'ours 1st':>9s} {'NT 1st':>9s} {'ratio':>6s}   {'ours run':>9s} {'NT run':>9s} "
+            f"{'ratio':>6s}   {'ours MB':>8s} {'NT MB':>8s}")
     print(head)
     print("-" * len(head))
     for name in names:
         o = ours[name]
         if nt is None:
             cells = f"{o['first']:9.3f} {'-':>9s} {'-':>6s}   {o['steady']:9.4f} {'-':>9s} {'-':>6s}"
+            mem = f"{_mb(o['peak_rss_bytes']):>8s} {'-':>8s}"
         else:
             n = nt[name]
             cells = (
                 f"{o['first']:9.3f} {n['first']:9.3f} {o['first'] / n['first']:6.2f}   "
                 f"{o['steady']:9.4f} {n['steady']:9.4f} {o['steady'] / n['steady']:6.2f}"
             )
-        print(f"{CASES[name][0]:14s} {cells}")
+            mem = f"{_mb(o['peak_rss_bytes']):>8s} {_mb(n['peak_rss_bytes']):>8s}"
+        print(f"{CASES[name][0]:18s} {cells}   {mem}")
     print("seconds; 1st = first call (trace + compile + run), run = best steady-state call;")
-    print("ratio = ours / neural-tangents (below 1: we are faster)")
+    print("ratio = ours / neural-tangents (below 1: we are faster); MB = the worker process's peak resident memory")
+    print("(the JSON also records what XLA plans for the compiled call, where the backend reports it)")
 
 
 def main(argv=None) -> None:
@@ -218,6 +301,10 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="steady-state calls after the first (best is kept)")
     parser.add_argument("--rounds", type=int, default=1, help="fresh processes per measurement (best is kept)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    parser.add_argument("--platform", default="cpu", choices=("cpu", "cuda"),
+                        help="JAX backend of every worker (default cpu; the oracle environment is CPU-only, so with "
+                             "cuda only smnngp is timed unless SMNNGP_ORACLE_VENV has a CUDA build)")
+    parser.add_argument("--results", default=str(RESULTS), help="where to write the JSON report")
     parser.add_argument("--worker", choices=("ours", "nt"), help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -231,6 +318,8 @@ def main(argv=None) -> None:
     if args.worker:
         worker(args.worker, names[0], args.inputs, args.out, args.repeats)
         return
+    global PLATFORM
+    PLATFORM = args.platform
 
     oracle = Path(os.environ.get("SMNNGP_ORACLE_VENV", ROOT / ".venv-oracle"))
     oracle_python = oracle / "bin" / "python"
@@ -293,9 +382,11 @@ def main(argv=None) -> None:
     print()
     print_table(names, timings["ours"], timings.get("nt"))
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    report["machine"]["platform_backend"] = PLATFORM
+    out = Path(args.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
