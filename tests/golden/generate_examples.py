@@ -35,7 +35,7 @@ def port_source(source, name="example"):
     """The example's source with its smnngp imports replaced by neural-tangents' ones.
 
     Raises:
-        ValueError: an import line is missing or repeated, or smnngp is still mentioned after the replacement.
+        ValueError: an import line is missing or repeated, or smnngp is still imported after the replacement.
     """
     lines = source.splitlines()
     for ours, theirs in PORT.items():
