@@ -38,10 +38,11 @@ def dense_archs(draw):
         layers += [stax.Dense(draw(st.integers(1, 64)), draw(stds), draw(biases), parameterization=param),
                    ACTIVATIONS[draw(st.integers(0, len(ACTIVATIONS) - 1))]()]
     if draw(st.booleans()):  # a residual block
-        layers += [stax.Dense(32, draw(stds), draw(biases), param), stax.FanOut(2),
-                   stax.parallel(stax.serial(stax.Relu(), stax.Dense(32, draw(stds), None, param)), stax.Identity()),
+        layers += [stax.Dense(32, draw(stds), draw(biases), parameterization=param), stax.FanOut(2),
+                   stax.parallel(stax.serial(stax.Relu(), stax.Dense(32, draw(stds), None, parameterization=param)),
+                                 stax.Identity()),
                    stax.FanInSum(), stax.Erf()]
-    layers.append(stax.Dense(1, draw(stds), draw(biases), param))
+    layers.append(stax.Dense(1, draw(stds), draw(biases), parameterization=param))
     n, d = draw(st.integers(2, 9)), draw(st.integers(1, 6))
     return stax.serial(*layers), (n, d)
 
@@ -59,7 +60,7 @@ def conv_archs(draw):
     if draw(st.booleans()):
         layers.append(stax.AvgPool((2,) * nd, strides=(draw(st.integers(1, 2)),) * nd, padding=pad))
     layers.append(draw(st.sampled_from([stax.Flatten(), stax.GlobalAvgPool()])))
-    layers.append(stax.Dense(1, draw(stds), draw(biases), param))
+    layers.append(stax.Dense(1, draw(stds), draw(biases), parameterization=param))
     n = draw(st.integers(2, 5))
     return stax.serial(*layers), (n,) + (draw(st.integers(3, 5)),) * nd + (draw(st.integers(1, 3)),)
 
