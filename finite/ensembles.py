@@ -54,6 +54,7 @@ from jax import lax
 
 from finite.checks import check_positive
 from smnngp import stax
+from smnngp._checks import check_finite
 from smnngp.priors import InverseGamma, as_prior
 
 __all__ = [
@@ -300,9 +301,7 @@ def _check_x(x, where: str, dtype):
     if x.ndim < 2 or x.shape[0] < 1:
         raise ValueError(f"{where}: x must have a batch axis and feature axes, got shape {tuple(x.shape)}")
     x = jnp.asarray(x, dtype=dtype)
-    finite = np.isfinite(np.asarray(x))
-    if not finite.all():
-        raise ValueError(f"{where}: x has {int((~finite).sum())} non-finite (NaN or inf) entries")
+    check_finite(x, "x", where)
     return x
 
 

@@ -57,6 +57,7 @@ from jax.scipy.special import gammaln, logsumexp, ndtr, ndtri
 
 from smnngp import kernels as _kernels
 from smnngp import linalg, priors
+from smnngp._checks import check_finite
 
 __all__ = [
     "fit",
@@ -181,15 +182,6 @@ class _KernelEvaluator:
 _evaluator = _cached_per_object(_KernelEvaluator)
 
 
-def _check_finite(a, name):
-    # on the host: the value is needed there anyway, and it spares one XLA compilation per new shape.
-    # Traced values (a posterior used under jit / vmap) cannot be inspected and are not checked.
-    if isinstance(a, jax.core.Tracer):
-        return
-    if not np.isfinite(np.asarray(a)).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
-
-
 def _as_targets(y, n: int | None = None):
     y = jnp.asarray(y)
     if not jnp.issubdtype(y.dtype, jnp.floating):
@@ -200,7 +192,7 @@ def _as_targets(y, n: int | None = None):
         raise ValueError(f"y_train has {y.shape[0]} rows but the training kernel/inputs have {n}")
     if y.shape[0] == 0:
         raise ValueError("y_train is empty")
-    _check_finite(y, "y_train")
+    check_finite(y, "y_train")
     return y
 
 
@@ -689,7 +681,7 @@ class Posterior:
                 raise ValueError(
                     f"x_test has per-point shape {x_test.shape[1:]} but x_train has {jnp.shape(self.x_train)[1:]}"
                 )
-            _check_finite(x_test, "x_test")
+            check_finite(x_test, "x_test")
             kernel = _evaluator(self.kernel)
             k_test_train = kernel(x_test, self.x_train)
             if full_cov:
@@ -711,8 +703,8 @@ class Posterior:
                     k_test_test = jnp.diag(k_test_test)
                 elif k_test_test.shape != (L,):
                     raise ValueError(f"k_test_test must have shape ({L},) or ({L}, {L}), got {k_test_test.shape}")
-        _check_finite(k_test_train, "k_test_train")
-        _check_finite(k_test_test, "k_test_test")
+        check_finite(k_test_train, "k_test_train")
+        check_finite(k_test_test, "k_test_test")
         return k_test_train, k_test_test
 
     def _latent(self, kxt, kxx, full_cov):
@@ -787,7 +779,7 @@ class Posterior:
         y_test = jnp.asarray(y_test)
         if y_test.shape != p.batch_shape:
             raise ValueError(f"y_test must have shape {p.batch_shape}, got {y_test.shape}")
-        _check_finite(y_test, "y_test")
+        check_finite(y_test, "y_test")
         lp = p.log_prob(y_test)
         return lp if lp.ndim == 1 else lp.sum(-1)
 
@@ -1042,7 +1034,7 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
     x_train = jnp.asarray(x_train)
     if x_train.ndim < 2:
         raise ValueError(f"x_train must have shape (N, features...), got {x_train.shape}")
-    _check_finite(x_train, "x_train")
+    check_finite(x_train, "x_train")
     y_train = _as_targets(y_train, x_train.shape[0])
     k_train = _evaluator(kfn)(x_train, None)
     post = fit_from_kernels(k_train, y_train, prior, noise=noise, noise_model=noise_model, num_samples=num_samples,

@@ -14,18 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from smnngp._axes import canonical_axes
+
 __all__ = []
-
-
-def canonical_axes(axes, ndim: int, what: str) -> tuple[int, ...]:
-    """Sorted non-negative axes (an int or a sequence of ints, negative counted from the end)."""
-    axes = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
-    out = set()
-    for a in axes:
-        if not -ndim <= int(a) < ndim:
-            raise ValueError(f"empirical kernel: {what} axis {a} is out of range for outputs with {ndim} axes")
-        out.add(int(a) % ndim)
-    return tuple(sorted(out))
 
 
 class OutputLabels:
@@ -46,8 +37,8 @@ class OutputLabels:
         if len(shape1) != len(shape2):
             raise ValueError(f"empirical kernel: f(x1) and f(x2) have different ranks, {shape1} and {shape2}")
         d = len(shape1)
-        self.trace = canonical_axes(trace_axes, d, "trace") if d else ()
-        self.diag = canonical_axes(diagonal_axes, d, "diagonal") if d else ()
+        self.trace = canonical_axes(trace_axes, d, "empirical kernel", "trace") if d else ()
+        self.diag = canonical_axes(diagonal_axes, d, "empirical kernel", "diagonal") if d else ()
         both = set(self.trace) & set(self.diag)
         if both:
             raise ValueError(f"empirical kernel: axes {sorted(both)} are both traced and diagonal")

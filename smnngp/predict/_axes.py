@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+from smnngp._axes import canonical_axes
+
 
 def canonical_trace_axes(trace_axes, ndim: int, where: str) -> tuple[int, ...]:
     """``trace_axes`` as sorted non-negative axes of an ``ndim``-dimensional target array.
@@ -24,28 +26,19 @@ def canonical_trace_axes(trace_axes, ndim: int, where: str) -> tuple[int, ...]:
         where: the function named in error messages.
 
     Returns:
-        The axes as a sorted tuple of distinct non-negative ints.
+        The axes as a sorted tuple of distinct non-negative ints (:func:`smnngp._axes.canonical_axes`).
 
     Raises:
         TypeError: if an axis is not an int.
         ValueError: if an axis is out of range, repeated, or the axes leave no axis for the kernel.
     """
-    axes = (trace_axes,) if isinstance(trace_axes, int) else tuple(trace_axes)
-    out = []
-    for a in axes:
-        if not isinstance(a, (int, jnp.integer)) or isinstance(a, bool):
-            raise TypeError(f"{where}: trace_axes must be ints, got {trace_axes!r}")
-        if not -ndim <= int(a) < ndim:
-            raise ValueError(f"{where}: trace axis {a} is out of range for y_train with {ndim} axes")
-        out.append(int(a) % ndim)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{where}: trace_axes {trace_axes!r} repeats an axis")
+    out = canonical_axes(trace_axes, ndim, where, "trace", repeats="raise")
     if len(out) == ndim:
         raise ValueError(
             f"{where}: trace_axes {trace_axes!r} covers every axis of y_train (ndim {ndim}); the kernel needs at least "
             f"the batch axis"
         )
-    return tuple(sorted(out))
+    return out
 
 
 class OutputLayout(NamedTuple):

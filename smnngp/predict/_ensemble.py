@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smnngp import linalg
+from smnngp._checks import check_finite
 from smnngp.kernels import canonical_get, pack
 from smnngp.predict._axes import OutputLayout, from_2d, to_2d, zipped
 
@@ -52,9 +53,7 @@ def _float_array(x, name: str, where: str) -> jax.Array:
             x = x.astype(jnp.result_type(float))
         else:
             raise TypeError(f"{where}: {name} must be real, got dtype {x.dtype}")
-    if not bool(jnp.all(jnp.isfinite(x))):
-        bad = int(jnp.sum(~jnp.isfinite(x)))
-        raise ValueError(f"{where}: {name} has {bad} non-finite (NaN or inf) entries")
+    check_finite(x, name, where)
     return x
 
 
