@@ -74,11 +74,17 @@ class Kernel:
         shape2: the same for ``x2``.
         full: whether the covariances of all pairs of spatial positions are tracked.
         is_gaussian: whether the pre-activations are Gaussian (the last layer was affine).
+        mask1: boolean mask of the activations on ``x1`` in the canonical layout (batch first, channels last;
+            axes of size 1 broadcast), True where an entry is masked (``kernel_fn(..., mask_constant=c)``), or
+            ``None`` (default) when nothing is masked.
+        mask2: the same for ``x2``; ``None`` with ``cov2=None`` means ``mask1``.
     """
 
-    __slots__ = ("nngp", "ntk", "cov1", "cov2", "shape1", "shape2", "full", "is_gaussian")
+    __slots__ = ("nngp", "ntk", "cov1", "cov2", "shape1", "shape2", "full", "is_gaussian", "mask1", "mask2")
 
-    def __init__(self, nngp, ntk, cov1, cov2, shape1, shape2, full, is_gaussian):
+    def __init__(self, nngp, ntk, cov1, cov2, shape1, shape2, full, is_gaussian, mask1=None, mask2=None):
+        self.mask1 = mask1
+        self.mask2 = mask2
         self.nngp = nngp
         self.ntk = ntk
         self.cov1 = cov1
@@ -90,13 +96,14 @@ class Kernel:
 
     # -- pytree protocol -------------------------------------------------
     def tree_flatten(self):
-        children = (self.nngp, self.ntk, self.cov1, self.cov2)
+        children = (self.nngp, self.ntk, self.cov1, self.cov2, self.mask1, self.mask2)
         aux = (self.shape1, self.shape2, self.full, self.is_gaussian)
         return children, aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+        nngp, ntk, cov1, cov2, mask1, mask2 = children
+        return cls(nngp, ntk, cov1, cov2, *aux, mask1=mask1, mask2=mask2)
 
     # -- conveniences ----------------------------------------------------
     def replace(self, **changes) -> Kernel:
@@ -123,7 +130,10 @@ class Kernel:
         return (
             f"Kernel(nngp={desc(self.nngp)}, ntk={desc(self.ntk)}, cov1={desc(self.cov1)}, "
             f"cov2={desc(self.cov2)}, shape1={self.shape1}, shape2={self.shape2}, "
-            f"full={self.full}, is_gaussian={self.is_gaussian})"
+            f"full={self.full}, is_gaussian={self.is_gaussian}"
+            + ("" if self.mask1 is None and self.mask2 is None else f", mask1={desc(self.mask1)}, "
+               f"mask2={desc(self.mask2)}")
+            + ")"
         )
 
 

@@ -50,7 +50,8 @@ import paths to use): `smnngp.stax._core` (the `Layer` type, the public
 ``kernel_fn``, shared helpers), `linear` (dense layers), `conv` (convolutions),
 `pooling`, `shape` (indexing, slicing, resizing, contractions),
 `elementwise`, `elementwise_polynomial`, `attention`, `normalization` (LayerNorm, Dropout), `graphs`
-(Aggregate), `combinators`, `parametric`. Each module lists its public names
+(Aggregate), `combinators`, `parametric`, `masking` (`MaskedArray`, `unmask_fn`: inputs masked with
+``mask_constant``). Each module lists its public names
 in ``__all__``; this package exports their union.
 """
 
@@ -63,6 +64,7 @@ from smnngp.stax import (
     elementwise_polynomial,
     graphs,
     linear,
+    masking,
     normalization,
     parametric,
     pooling,
@@ -76,11 +78,12 @@ from smnngp.stax.elementwise import *  # noqa: F403
 from smnngp.stax.elementwise_polynomial import *  # noqa: F403
 from smnngp.stax.graphs import *  # noqa: F403
 from smnngp.stax.linear import *  # noqa: F403
+from smnngp.stax.masking import *  # noqa: F403
 from smnngp.stax.normalization import *  # noqa: F403
 from smnngp.stax.parametric import *  # noqa: F403
 from smnngp.stax.pooling import *  # noqa: F403
 from smnngp.stax.shape import *  # noqa: F403
 
 _FAMILIES = (linear, conv, pooling, shape, elementwise, elementwise_polynomial, attention, normalization, graphs,
-             combinators, parametric)
+             combinators, parametric, masking)
 __all__ = ["Layer", "Padding"] + [name for module in _FAMILIES for name in module.__all__]

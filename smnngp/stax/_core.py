@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel, canonical_get, select
+from smnngp.stax import masking as _masking
 
 _PADDINGS = ("SAME", "VALID", "CIRCULAR")
 
@@ -49,7 +50,10 @@ class Layer(tuple):
     ``symmetric``, whether k(x2, x1) is exactly k(x1, x2) with its points
     swapped (false for quadrature, whose rule is not symmetric); ``layout``,
     ``(batch_axis, channel_axis)`` of the finite activations the layer takes,
-    or ``None`` when the layer works in any layout.
+    or ``None`` when the layer works in any layout; ``masking``, how the layer
+    treats masked inputs (``mask_constant``): a `smnngp.stax.masking.MaskRule`,
+    ``masking.COMPOSITE`` for layers whose children treat them, or ``None`` when
+    the layer rejects masked inputs with an error naming it.
 
     Kernels are always held in the canonical layout (batch axis first,
     channels last, the remaining axes in their order in between), and so are
@@ -60,13 +64,17 @@ class Layer(tuple):
     ``kernel_map``.
     """
 
-    def __new__(cls, name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, symmetric=True, layout=None):
+    def __new__(cls, name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, symmetric=True, layout=None,
+                masking=None):
         if not _accepts_kwargs(kernel_map):
             kernel_map = _ignore_kwargs(kernel_map)
         if layout is not None:
             layout = (int(layout[0]), int(layout[1]))
+        kernel_map = _masked_kernel_map(name, kernel_map, masking, layout)
+        apply_fn = _masked_apply(name, apply_fn, masking, layout)
         public_kernel_fn = _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, layout)
         self = super().__new__(cls, (init_fn, apply_fn, public_kernel_fn))
+        self.masking = masking
         self.name = name
         self.shape_fn = shape_fn
         self.kernel_map = kernel_map
@@ -94,6 +102,88 @@ def _ignore_kwargs(kernel_map):
         return kernel_map(k)
 
     return wrapped
+
+
+def _unsupported(name):
+    return ValueError(f"{name}: masked inputs (mask_constant or a MaskedArray) are not supported by this layer")
+
+
+def _masked_apply(name, apply_fn, rule, layout):
+    """``apply_fn`` that also takes ``mask_constant=`` and `MaskedArray` inputs (see `smnngp.stax.masking`).
+
+    Without either, the layer's own ``apply_fn`` runs unchanged. Otherwise the input is zeroed where masked,
+    the layer runs (given ``mask=`` when it asks for it), and the output mask follows the layer's rule.
+    """
+
+    def apply(params, x, *, mask_constant=None, **kwargs):
+        if rule == _masking.COMPOSITE:
+            if mask_constant is not None:
+                kwargs["mask_constant"] = mask_constant
+            return apply_fn(params, x, **kwargs)
+        if mask_constant is None and not _masking.is_masked_input(x):
+            return apply_fn(params, x, **kwargs)
+        values, masks = _masking.split_masked(x, mask_constant)
+        if masks is None or (isinstance(masks, list) and all(m is None for m in masks)):
+            return apply_fn(params, values, **kwargs)
+        if rule is None:
+            raise _unsupported(name)
+        if rule.wants_mask:
+            kwargs["mask"] = masks
+        out = apply_fn(params, values, **kwargs)
+        many = isinstance(values, list)
+        shapes = [tuple(v.shape) for v in values] if many else tuple(values.shape)
+        if rule.finite_fn is not None:
+            return _masking.MaskedArray(out, rule.finite_fn(masks, shapes))
+        if rule.fn is None:
+            return _masking.MaskedArray(out, masks)
+        if many:
+            cmasks = [None if m is None else to_canonical(jnp.broadcast_to(m, s), layout)
+                      for m, s in zip(masks, shapes)]
+            cshapes = [canonical_shape(s, layout) for s in shapes]
+        else:
+            cmasks, cshapes = to_canonical(masks, layout), canonical_shape(shapes, layout)
+        out_mask = rule.fn(cmasks, cshapes)
+        return _masking.MaskedArray(out, _from_canonical(out_mask, rule.out_layout or layout))
+
+    return apply
+
+
+def _from_canonical(x, layout):
+    """Inverse of `to_canonical`: move axes (0, -1) of ``x`` back to ``layout = (batch_axis, channel_axis)``."""
+    if layout is None or x.ndim < 2:
+        return x
+    b, c = layout[0] % x.ndim, layout[1] % x.ndim
+    if (b, c) == (0, x.ndim - 1):
+        return x
+    return jnp.moveaxis(x, (0, x.ndim - 1), (b, c))
+
+
+def _masked_kernel_map(name, kernel_map, rule, layout):
+    """``kernel_map`` that carries the kernel's masks through the layer (unchanged when the kernel has none)."""
+    if rule == _masking.COMPOSITE:
+        return kernel_map
+
+    def kmap(k, **kwargs):
+        if not _masking.has_masks(k):
+            return kernel_map(k, **kwargs)
+        if rule is None:
+            raise _unsupported(name)
+        many = isinstance(k, list)
+        if rule.fn is None:
+            m1, m2 = ([ki.mask1 for ki in k], [ki.mask2 for ki in k]) if many else (k.mask1, k.mask2)
+        elif many:
+            m1 = rule.fn([ki.mask1 for ki in k], [ki.shape1 for ki in k])
+            m2 = (None if all(ki.mask2 is None for ki in k)
+                  else rule.fn([ki.mask2 for ki in k], [ki.shape2 for ki in k]))
+        else:
+            m1 = None if k.mask1 is None else rule.fn(k.mask1, k.shape1)
+            m2 = None if k.mask2 is None else rule.fn(k.mask2, k.shape2)
+        out = kernel_map(k, **kwargs)
+        if rule.remask:
+            return _masking.remask_kernel(out, m1, m2, name)
+        return out.replace(mask1=m1, mask2=m2)
+
+    return kmap
 
 
 def first_layout(layers):
@@ -268,7 +358,8 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
 
 
 def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, layout):
-    def kernel_fn(x1, x2=None, get=None, *, pattern=None, diagonal_batch=None, diagonal_spatial=None, **unused):
+    def kernel_fn(x1, x2=None, get=None, *, pattern=None, diagonal_batch=None, diagonal_spatial=None,
+                  mask_constant=None, **unused):
         """The infinite-width kernel of the layer (see `smnngp.stax`).
 
         ``diagonal_spatial=True`` returns the covariances of same positions only
@@ -277,6 +368,8 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         ``cov2``) of a returned `Kernel` the full (N1, N1, ...) covariance of
         ``x1`` with itself, as neural-tangents' ``diagonal_batch=False``.
         ``pattern=(pattern1, pattern2)`` goes to graph layers (`Aggregate`).
+        ``mask_constant=c`` masks the input entries equal to ``c`` (see
+        `smnngp.stax.masking`); the returned `Kernel` keeps the masks.
         """
         if unused:
             raise TypeError(f"kernel_fn of {name}: unexpected keyword arguments {sorted(unused)}")
@@ -289,10 +382,15 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         if isinstance(x1, Kernel):
             k = _apply_to_kernel(name, kernel_map, needs_full, x1, x2, layer_kwargs)
             return _finish(k, get, names, diag_spatial, None)
+        mask1 = mask2 = None
+        if mask_constant is not None:
+            x1, mask1 = _masking.split_masked(jnp.asarray(x1), mask_constant)
+            if x2 is not None:
+                x2, mask2 = _masking.split_masked(jnp.asarray(x2), mask_constant)
         _check_input(x1, "x1")
         if x2 is not None:
             _check_input(x2, "x2")
-            if tuple(x1.shape[1:]) != tuple(x2.shape[1:]):
+            if canonical_shape(x1.shape, layout)[1:] != canonical_shape(x2.shape, layout)[1:]:
                 raise ValueError(
                     f"kernel_fn of {name}: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} must agree "
                     f"beyond the batch axis"
@@ -306,22 +404,28 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         out_spatial = any(len(s) > 2 for s in out_shapes)
         x1 = to_canonical(x1, layout)
         x2 = None if x2 is None else to_canonical(x2, layout)
+        mask1 = None if mask1 is None else to_canonical(mask1, layout)
+        mask2 = None if mask2 is None else to_canonical(mask2, layout)
         full = needs_full(out_spatial and not diag_spatial) and x1.ndim > 2
         want_ntk = names is None or "ntk" in names
 
-        def evaluate(a, b, want_ntk):
+        def evaluate(a, b, want_ntk, ma, mb):
             n_points, entries = a.shape[0], a.shape[0] ** 2 * math.prod(a.shape[1:-1]) ** (2 if full else 1)
             tile = symmetric and b is None and a.ndim > 2 and not out_spatial and n_points >= 4 * _SYMMETRIC_TILES
-            if tile and entries >= _SYMMETRIC_MIN_ENTRIES and not layer_kwargs:
+            if tile and entries >= _SYMMETRIC_MIN_ENTRIES and not layer_kwargs and ma is None:
                 return _symmetric_kernel_map(kernel_map, a, full, want_ntk, _SYMMETRIC_TILES)
-            return kernel_map(_input_kernel(a, b, full, want_ntk), **layer_kwargs)
+            k0 = _input_kernel(a, b, full, want_ntk)
+            if ma is not None:
+                k0 = k0.replace(mask1=ma, mask2=mb)
+            return kernel_map(k0, **layer_kwargs)
 
-        k = evaluate(x1, x2, want_ntk)
+        k = evaluate(x1, x2, want_ntk, mask1, mask2)
         batch_covs = None
         if diagonal_batch is False and names is None:
             if layer_kwargs:
                 raise ValueError(f"kernel_fn of {name}: diagonal_batch=False is not available with a pattern")
-            batch_covs = (evaluate(x1, None, False), None if x2 is None else evaluate(x2, None, False))
+            batch_covs = (evaluate(x1, None, False, mask1, None),
+                          None if x2 is None else evaluate(x2, None, False, mask2, None))
         return _finish(k, get, names, diag_spatial, batch_covs)
 
     kernel_fn.__name__ = f"kernel_fn_{name}"

@@ -50,6 +50,7 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel
+from smnngp.stax import masking
 from smnngp.stax._core import Layer, _check_parameterization, _fmt, _single_shape, _std_value
 
 __all__ = ["GlobalSelfAttention", "AttentionMechanism", "PositionalEmbedding"]
@@ -440,8 +441,17 @@ def GlobalSelfAttention(
             theta_in = mix(ntk, w_pe_ntk)  # NTK of the key/query inputs (broadcastable, may be a scalar)
 
         if linear_scaling:
-            A1 = attend(QK * S11)
-            A2 = A1 if S22 is None else attend(QK * S22)
+            L11, L22 = S11, S22
+            if masking.has_masks(k):  # masked keys get logit -inf (softmax) or 0 (other mechanisms)
+                fill = jnp.asarray(_NEG_INF if mechanism == "SOFTMAX" else 0.0, dt)
+                m1, m2 = (None if m is None else jnp.all(m, axis=-1) for m in (k.mask1, k.mask2))
+                m2 = m1 if m2 is None and k.cov2 is None else m2
+                if m1 is not None:
+                    L11 = jnp.where(m1.reshape(m1.shape[0], 1, -1), fill, S11)
+                if m2 is not None and S22 is not None:
+                    L22 = jnp.where(m2.reshape(m2.shape[0], 1, -1), fill, S22)
+            A1 = attend(QK * L11)
+            A2 = A1 if S22 is None else attend(QK * L22)
             out_nngp = OV**2 * _sandwich(A1, V12, A2) + b_var
             out_cov1 = OV**2 * _sandwich_diag(A1, V11) + b_var
             out_cov2 = None if S22 is None else OV**2 * _sandwich_diag(A2, V22) + b_var
@@ -486,4 +496,5 @@ def GlobalSelfAttention(
             is_gaussian=True,
         )
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout)
+    rule = masking.MaskRule(lambda m, shape: masking.reduce_channels(m), remask=True, wants_mask=True)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout, masking=rule)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smnngp.kernels import Kernel
+from smnngp.stax import masking
 from smnngp.stax._core import (
     Layer,
     _as_layer,
@@ -93,7 +94,7 @@ def serial(*layers) -> Layer:
 
     return Layer(
         name, init_fn, apply_fn, shape_fn, kernel_map, needs_full,
-        all(l.symmetric for l in layers), first_layout(layers),
+        all(l.symmetric for l in layers), first_layout(layers), masking.COMPOSITE,
     )
 
 
@@ -174,7 +175,8 @@ def repeat(layer: Layer, n: int) -> Layer:
             full = layer.needs_full(full)
         return full
 
-    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, layer.symmetric, layer.layout)
+    return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, layer.symmetric, layer.layout,
+                 masking.COMPOSITE)
 
 
 def _check_branches(obj, n: int, layer: str):
@@ -234,7 +236,7 @@ def parallel(*layers) -> Layer:
 
     return Layer(
         name, init_fn, apply_fn, shape_fn, kernel_map, needs_full,
-        all(l.symmetric for l in layers), first_layout(layers),
+        all(l.symmetric for l in layers), first_layout(layers), masking.COMPOSITE,
     )
 
 
@@ -261,7 +263,8 @@ def FanOut(num: int) -> Layer:
     def init_fn(key, input_shape):
         return shape_fn(tuple(input_shape)), ()
 
-    return Layer(layer, init_fn, lambda p, x, **kw: [x] * num, shape_fn, lambda k: [k] * num, lambda full: full)
+    return Layer(layer, init_fn, lambda p, x, **kw: [x] * num, shape_fn, lambda k: [k] * num, lambda full: full,
+                 masking=masking.COMPOSITE)
 
 
 def _branch_shapes(shapes, layer):
@@ -309,7 +312,8 @@ def FanInSum() -> Layer:
             is_gaussian=all(k.is_gaussian for k in ks),
         )
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full,
+                 masking=masking.MaskRule(_and_masks))
 
 
 def FanInProd() -> Layer:
@@ -362,7 +366,8 @@ def FanInProd() -> Layer:
             is_gaussian=len(ks) == 1 and ks[0].is_gaussian,
         )
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full,
+                 masking=masking.MaskRule(_and_masks))
 
 
 def _block_concat(mats, first_axis: int):
@@ -491,7 +496,31 @@ def FanInConcat(axis: int = -1) -> Layer:
         return Kernel(cross([k.nngp for k in ks]), cross(ntks()), own([k.cov1 for k in ks]),
                       own([k.cov2 for k in ks]), out1, out2, full, is_gaussian=True)
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full,
+                 masking=masking.MaskRule(lambda ms, shapes: _concat_masks(ms, shapes, axis)))
+
+
+def _and_masks(masks, shapes):
+    """Mask of a sum or product of branches: an entry is masked when it is masked in every branch that has a
+    mask (branches without one do not mask)."""
+    present = [m for m in masks if m is not None]
+    return None if not present else functools.reduce(operator.and_, present)
+
+
+def _concat_masks(masks, shapes, axis: int):
+    """Mask of a concatenation along ``axis``: the branch masks, each stretched to its branch's size along
+    ``axis`` and broadcast to a common size elsewhere (all False for a branch without a mask)."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    ndim = len(shapes[0])
+    ax = axis % ndim
+    common = [max(m.shape[i] for m in present) for i in range(ndim)]
+    parts = []
+    for m, s in zip(masks, shapes):
+        target = tuple(s[ax] if i == ax else common[i] for i in range(ndim))
+        parts.append(jnp.zeros(target, bool) if m is None else jnp.broadcast_to(m, target))
+    return jnp.concatenate(parts, axis=ax)
 
 
 def Identity() -> Layer:
@@ -504,4 +533,5 @@ def Identity() -> Layer:
     def init_fn(key, input_shape):
         return input_shape, ()
 
-    return Layer("Identity", init_fn, lambda params, x, **kw: x, lambda s: s, lambda k: k, lambda full: full)
+    return Layer("Identity", init_fn, lambda params, x, **kw: x, lambda s: s, lambda k: k, lambda full: full,
+                 masking=masking.MaskRule())

@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel
+from smnngp.stax import masking
 from smnngp.stax._core import (
     _PADDINGS,
     Layer,
@@ -46,6 +47,7 @@ from smnngp.stax._core import (
     _spatial_pads,
     _std_value,
     _window_sum,
+    padding_name,
 )
 from smnngp.stax.linear import _affine_scale, _check_s
 
@@ -85,7 +87,7 @@ class _Spec:
             raise ValueError(f"{self.name}: strides must be {nd} positive integers (one per filter dimension), "
                              f"got {strides}")
         self.strides = tuple(int(v) for v in strides)
-        self.padding = str(padding).upper()
+        self.padding = padding_name(padding)
         if self.padding not in _PADDINGS:
             raise ValueError(f"{self.name}: padding must be one of {_PADDINGS}, got {padding!r}")
         self.circular = self.padding == "CIRCULAR"
@@ -410,7 +412,23 @@ def _conv_layer(kind, out_chan, filter_shape, strides, padding, W_std, b_std, di
         def needs_full(full):
             return full
 
-    return Layer(layer, init_fn, apply_fn, spec.user_shape_fn, kernel_map, needs_full, layout=spec.layout)
+    def mask_fn(mask, shape):
+        """An output position is masked when every channel of its window's centre pixel is."""
+        mask = masking.reduce_channels(mask)
+        spatial = shape[1:-1]
+        pad_type = "SAME" if spec.circular else spec.padding
+        pads = _spatial_pads(spatial, spec.f_in, spec.st_in, pad_type)
+        out = _out_sizes(spatial, spec.f_in, spec.st_in, pad_type)
+        mask = masking.window_center_mask(mask, spec.f_in, spec.st_in, pads, out, spec.circular)
+        if not identity_perm:
+            mask = jnp.transpose(mask, (0, *[1 + p for p in spec.perm_out], nd + 1))
+        return mask
+
+    # Transposed convolutions reject masks (their output pixels gather several input windows).
+    rule = None if transpose else masking.MaskRule(
+        mask_fn, remask=True, out_layout=(out_spec.index("N"), out_spec.index("C")))
+    return Layer(layer, init_fn, apply_fn, spec.user_shape_fn, kernel_map, needs_full, layout=spec.layout,
+                 masking=rule)
 
 
 # ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from smnngp.stax._core import (
     _fmt,
     _spatial_diagonal,
 )
+from smnngp.stax.masking import MaskRule
 
 # ---------------------------------------------------------------------------
 # Activations
@@ -55,13 +56,18 @@ def _pair_variances(k: Kernel):
     return nngp_pair, cov1_pair, cov2_pair
 
 
-def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | None = None, symmetric=True) -> Layer:
+def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | None = None, symmetric=True,
+                remask: bool = True) -> Layer:
     """Elementwise layer from ``moments(c, v1, v2, need_dot) -> (E[phi phi], E[phi' phi'] or None)``.
 
     ``diag(v) = E[phi(u)^2]`` for u ~ N(0, v), when given, is the closed form of
     ``moments(v, v, v)`` used for the batch diagonals ``cov1``/``cov2`` when they
     hold same-position variances only (dense or ``full=False``); it spares the
     general formula's transcendental functions on those entries.
+
+    Masks pass unchanged; with ``remask`` the covariances of masked positions are zeroed after the map (the
+    layers neural-tangents leaves unzeroed, those with phi(0) = 0 or whose constant term it keeps, pass
+    ``remask=False``).
     """
 
     def init_fn(key, input_shape):
@@ -88,7 +94,8 @@ def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | Non
         ntk = None if k.ntk is None else k.ntk * dot
         return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=False)
 
-    return Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full, symmetric)
+    return Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full, symmetric,
+                 masking=MaskRule(remask=remask))
 
 
 def _safe_sqrt(x):
@@ -236,7 +243,7 @@ def ABRelu(a: float, b: float, do_stabilize: bool = False) -> Layer:
 
     if stabilize:
         moments = _stabilized(moments)
-    return _activation(f"ABRelu({_fmt(a)}, {_fmt(b)})", fn, moments, diag)
+    return _activation(f"ABRelu({_fmt(a)}, {_fmt(b)})", fn, moments, diag, remask=False)
 
 
 def _stabilized(moments):
@@ -325,7 +332,7 @@ def Sign() -> Layer:
     def diag(v):
         return jnp.where(v == 0, 0.0, 1.0).astype(v.dtype)
 
-    return _activation("Sign", jnp.sign, moments, diag)
+    return _activation("Sign", jnp.sign, moments, diag, remask=False)
 
 
 def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
@@ -416,7 +423,7 @@ def Gelu(approximate: bool = False) -> Layer:
             dot = 0.25 + angle / (2 * math.pi) + c * (1 / d2 + (1 - prod) / prod_plus + 1) / (2 * math.pi * d)
         return val, dot
 
-    return _activation("Gelu", fn, moments)
+    return _activation("Gelu", fn, moments, remask=False)
 
 
 def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
@@ -581,7 +588,7 @@ def Gabor() -> Layer:
         d = 1 + 4 * v
         return -jnp.expm1(-2 * v / d) / (2 * jnp.sqrt(d))
 
-    return _activation("Gabor", fn, moments, diag)
+    return _activation("Gabor", fn, moments, diag, remask=False)
 
 
 def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:

@@ -88,7 +88,7 @@ def _polynomial_layer(name: str, fn, coef: np.ndarray) -> Layer:
             power = power * v
         return out
 
-    return _activation(name, fn, moments, diag)
+    return _activation(name, fn, moments, diag, remask=False)
 
 
 def Polynomial(coef: Sequence[float]) -> Layer:
@@ -282,4 +282,4 @@ def RectifiedMonomial(degree: int) -> Layer:
     def diag(v):
         return (double_factorial / 2) * v**n
 
-    return _activation(f"RectifiedMonomial({n})", fn, moments, diag)
+    return _activation(f"RectifiedMonomial({n})", fn, moments, diag, remask=False)

@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel
+from smnngp.stax import masking
 from smnngp.stax._core import Layer, _is_concrete, _single_shape, to_canonical
 
 __all__ = ["Aggregate", "AggregateImplementation"]
@@ -278,7 +279,8 @@ def Aggregate(
     def needs_full(out_full: bool) -> bool:
         return True
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, needs_full, True, layout)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, needs_full, True, layout,
+                 masking.MaskRule(remask=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------

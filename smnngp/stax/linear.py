@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smnngp.kernels import Kernel
+from smnngp.stax import masking
 from smnngp.stax._core import (
     Layer,
     _check_parameterization,
@@ -187,4 +188,6 @@ def Dense(
             is_gaussian=True,
         )
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, layout=layout)
+    # Masks: a position is masked when all its input channels are; the output is zeroed there.
+    rule = masking.MaskRule(lambda m, shape: masking.reduce_channels(m), remask=True)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, layout=layout, masking=rule)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smnngp.kernels import Kernel
+from smnngp.stax import masking
 from smnngp.stax._core import Layer, _fmt, _single_shape, _spatial_diagonal
 
 __all__ = ["LayerNorm", "Dropout"]
@@ -143,10 +144,12 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
     def init_fn(key, input_shape):
         return shape_fn(tuple(input_shape)), ()
 
-    def apply_fn(params, x, **kwargs):
+    def apply_fn(params, x, mask=None, **kwargs):
         _, _, norm = resolve(x.ndim)
-        mean = jnp.mean(x, axis=tuple(norm), keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=tuple(norm), keepdims=True)
+        # With a mask, mean and variance divide by the number of unmasked entries (as neural-tangents does,
+        # the variance's sum still runs over every entry).
+        mean = masking.masked_mean(x, mask, tuple(norm), keepdims=True)
+        var = masking.masked_mean(jnp.square(x - mean), mask, tuple(norm), keepdims=True)
         return (x - mean) / jnp.sqrt(eps + var)
 
     def kernel_map(k: Kernel) -> Kernel:
@@ -167,14 +170,18 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
         # i-th spatial axis (kernels hold the spatial axes in the order of the finite layout).
         var_axes = tuple(([0] if b in norm else []) + [1 + spatial.index(i) for i in norm if i in spatial])
 
-        def normaliser(cov):
+        m1, m2 = masking.kernel_masks(k, layer) if masking.has_masks(k) else (None, None)
+
+        def normaliser(cov, m):
             v = _same_position(cov, 1, k.full)
+            if var_axes and m is not None:  # the mean of eps + q over unmasked positions
+                return masking.masked_mean(eps + v, m, var_axes, keepdims=True)
             if var_axes:
                 v = jnp.mean(v, axis=var_axes, keepdims=True)
             return eps + v
 
-        q1 = normaliser(k.cov1)
-        q2 = q1 if k.cov2 is None else normaliser(k.cov2)
+        q1 = normaliser(k.cov1, m1)
+        q2 = q1 if k.cov2 is None else normaliser(k.cov2, m2)
 
         def cross(mat):
             if mat is None or mat.ndim == 0:
@@ -201,7 +208,7 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
         if -nd <= batch_axis < nd and all(-nd <= a < nd for a in axes)
     )
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, symmetric,
-                 (batch_axis, channel_axis))
+                 (batch_axis, channel_axis), masking.MaskRule(wants_mask=True))
 
 
 # ---------------------------------------------------------------------------
@@ -289,4 +296,5 @@ def Dropout(rate, mode: str = "train") -> Layer:
 
     # In train mode a diagonal block of an x2=None kernel is not the kernel of a tile with a copy of itself
     # (that is a second draw of the masks), so the symmetric tiling of x2=None kernels must stay off.
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, mode == "test")
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, mode == "test",
+                 masking=masking.MaskRule())

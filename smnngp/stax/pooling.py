@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smnngp.kernels import Kernel
+from smnngp.stax import masking
 from smnngp.stax._core import (
     _PADDINGS,
     Layer,
@@ -193,7 +194,16 @@ def _pool(kind: str, window_shape, strides, padding, normalize_edges, batch_axis
         shapes = dict(shape1=canonical_out(k.shape1, k.shape1), shape2=canonical_out(k.shape2, k.shape2))
         return _map_covs(k, op, op, **shapes)
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout)
+    def mask_fn(mask, shape):
+        """An output pixel is masked when the centre pixel of its window is."""
+        mask = masking.positions(mask, layer)[..., None]
+        spatial = shape[1:-1]
+        pads = _spatial_pads(spatial, window_shape, strides, "SAME" if circular else padding)
+        out = _out_sizes(spatial, window_shape, strides, "SAME" if circular else padding)
+        return masking.window_center_mask(mask, window_shape, strides, pads, out, circular)
+
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout,
+                 masking=masking.MaskRule(mask_fn, remask=True))
 
 
 def AvgPool(
@@ -289,19 +299,49 @@ def _global_pool(kind: str, batch_axis, channel_axis) -> Layer:
     def init_fn(key, input_shape):
         return shape_fn(tuple(input_shape)), ()
 
-    def apply_fn(params, x, **kwargs):
+    def apply_fn(params, x, mask=None, **kwargs):
         shape_fn(tuple(x.shape))
         b, c = layout[0] % x.ndim, layout[1] % x.ndim
         axes = tuple(i for i in range(x.ndim) if i not in (b, c))
-        return jnp.mean(x, axis=axes) if kind == "avg" else jnp.sum(x, axis=axes)
+        if kind == "avg":
+            return masking.masked_mean(x, mask, axes)  # the mean over unmasked positions
+        return jnp.sum(x, axis=axes)
 
     def kernel_map(k: Kernel) -> Kernel:
         if k.spatial_ndim < 1:
             raise ValueError(f"{layer}: needs spatial dimensions, got input activations of shape {k.shape1}")
         shapes = dict(shape1=(k.shape1[0], k.shape1[-1]), shape2=(k.shape2[0], k.shape2[-1]))
+        if kind == "avg" and masking.has_masks(k) and k.full:
+            # K'(x, y) = sum_{p, q} K(x, p; y, q) / #{(p, q): neither masked}
+            m1, m2 = masking.kernel_masks(k, layer)
+            own2 = m1 if k.mask2 is None else m2
+
+            def avg(mat, mask, batch_ndim):
+                if mat is None or mat.ndim <= batch_ndim:
+                    return mat
+                return masking.masked_mean(mat, mask, tuple(range(batch_ndim, mat.ndim)))
+
+            return k.replace(
+                nngp=avg(k.nngp, masking.pair_mask(m1, m2, True, True), 2),
+                ntk=avg(k.ntk, masking.pair_mask(m1, m2, True, True), 2),
+                cov1=avg(k.cov1, masking.pair_mask(m1, None, True, False), 1),
+                cov2=avg(k.cov2, masking.pair_mask(own2, None, True, False), 1),
+                full=False, **shapes)
         return _map_covs(k, reduce_kernel, reduce_kernel, full=False, **shapes)
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout)
+    def mask_fn(mask, shape):
+        """A point is masked when all its positions are."""
+        mask = masking.positions(mask, layer)
+        return jnp.all(mask, axis=tuple(range(1, mask.ndim)))[:, None]
+
+    def finite_mask_fn(mask, shape):
+        b, c = layout[0] % len(shape), layout[1] % len(shape)
+        if mask.shape[c] != 1:
+            masking.positions(jnp.moveaxis(mask, c, -1), layer)  # raises: channel-wise masks
+        return jnp.all(mask, axis=tuple(i for i in range(len(shape)) if i not in (b, c)))
+
+    rule = masking.MaskRule(mask_fn, wants_mask=kind == "avg", finite_fn=finite_mask_fn)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout, masking=rule)
 
 
 def GlobalAvgPool(batch_axis: int = 0, channel_axis: int = -1) -> Layer:
@@ -399,4 +439,13 @@ def Flatten(batch_axis: int = 0, batch_axis_out: int = 0) -> Layer:
         shapes = dict(shape1=(k.shape1[0], math.prod(k.shape1[1:])), shape2=(k.shape2[0], math.prod(k.shape2[1:])))
         return _map_covs(k, op, op, full=False, **shapes)
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: False, layout=layout)
+    def mask_fn(mask, shape):
+        """Each output unit is one input entry: the mask is flattened like the activations."""
+        return jnp.broadcast_to(mask, shape).reshape(shape[0], -1)
+
+    def finite_mask_fn(mask, shape):
+        mask = jnp.moveaxis(jnp.broadcast_to(mask, shape), batch_axis, -1 if batch_last else 0)
+        return mask.reshape(shape_fn(tuple(shape)))
+
+    rule = masking.MaskRule(mask_fn, finite_fn=finite_mask_fn)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: False, layout=layout, masking=rule)
