@@ -10,7 +10,9 @@
 
 import glob
 import os
+import subprocess
 import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +120,39 @@ def test_monte_carlo_matches_neural_tangents_with_the_same_key(_nt_prng):
                                   batch_size=2, store_on_device=False)
     for n, k in zip([1, 3], gen(g["x1"], None, "ntk")):
         assert isinstance(k, np.ndarray) and _rel(k, g[f"gen_ntk_{n}"]) < 1e-10
+
+
+def test_monte_carlo_ntk_of_a_conv_net_agrees_across_implementations_and_devices():
+    """A conv net's Monte-Carlo NTK, samples vmapped (the weights batched inside a conv's Jacobian): the three
+    implementations agree to rounding, and spreading the samples over 2 forced host devices changes nothing."""
+    code = textwrap.dedent(
+        """
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # before jax is imported
+        os.environ["JAX_PLATFORMS"] = "cpu"  # the forced devices are host devices, also on a GPU machine
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        import numpy as np
+        from smnngp import empirical as E, stax
+        assert len(jax.devices()) == 2
+        init_fn, apply_fn, _ = stax.serial(stax.Conv(4, (3, 3), padding="SAME"), stax.Relu(), stax.Flatten(),
+                                           stax.Dense(1))
+        x = np.random.default_rng(0).standard_normal((3, 5, 5, 2))
+        out = {}
+        for impl in (1, 2, 3):
+            for dev in (1, -1):
+                kfn = E.monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(1), 3, implementation=impl,
+                                              vmap_axes=0, samples_per_call=2, device_count=dev)
+                out[impl, dev] = np.asarray(kfn(x, None, "ntk"))
+        ref = out[1, 1]
+        print("MAXREL", max(float(np.max(np.abs(v - ref)) / np.max(np.abs(ref))) for v in out.values()))
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr[-3000:]
+    rel = float(run.stdout.split("MAXREL")[1].split()[0])
+    assert rel < 1e-10, run.stdout
 
 
 def test_monte_carlo_nngp_converges_to_the_infinite_width_kernel():

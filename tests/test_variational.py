@@ -302,6 +302,7 @@ def test_sharded_training_equals_unsharded():
         """
         import os
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"  # before jax is imported
+        os.environ["JAX_PLATFORMS"] = "cpu"  # forced host devices: the CPU backend, also on a GPU machine
         import jax
         import jax.flatten_util
         jax.config.update("jax_enable_x64", True)

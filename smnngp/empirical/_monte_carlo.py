@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from smnngp.empirical._kernels import DEFAULT_NTK_IMPLEMENTATION, _dispatch_get, empirical_kernel_fn
 
@@ -84,8 +83,7 @@ def monte_carlo_kernel_fn(init_fn: Callable, apply_fn: Callable, key, n_samples,
     devices = local if device_count == -1 else local[: max(device_count, 1)]
     n_dev = len(devices)
     group = int(np.ceil(samples_per_call / n_dev) * n_dev)
-    mesh = Mesh(np.array(devices), ("samples",))
-    by_sample = NamedSharding(mesh, PartitionSpec("samples"))
+    per_device = group // n_dev
     emp = empirical_kernel_fn(apply_fn, trace_axes, diagonal_axes, vmap_axes, implementation)
 
     # Per-sample keys in neural-tangents' order: key_{s} from successive splits of the running key.
@@ -123,12 +121,19 @@ def monte_carlo_kernel_fn(init_fn: Callable, apply_fn: Callable, key, n_samples,
         if padded > count:
             ks = jnp.concatenate([ks, jnp.broadcast_to(ks[:1], (padded - count,) + ks.shape[1:])])
             mask = jnp.concatenate([mask, jnp.zeros((padded - count,))])
+        # Each device sums its own share of the samples in a program of its own (dispatched asynchronously, so
+        # the devices run at once); the partial sums meet on the first device. Plain per-device placement, not a
+        # sharded array: JAX's batching rule for grouped convolutions (met in a conv net's Jacobian with the
+        # weights vmapped over samples) refuses sharding-annotated operands.
+        inputs = [jax.device_put((x1, x2, kw), d) for d in devices]
         total = None
         for start in range(0, padded, group):
-            k = jax.device_put(ks[start:start + group], by_sample)
-            m = jax.device_put(mask[start:start + group], by_sample)
-            part = fn(k, m, x1, x2, kw)
-            total = part if total is None else jax.tree_util.tree_map(jnp.add, total, part)
+            for i, d in enumerate(devices):
+                lo_i = start + i * per_device
+                part = fn(jax.device_put(ks[lo_i:lo_i + per_device], d),
+                          jax.device_put(mask[lo_i:lo_i + per_device], d), *inputs[i])
+                part = jax.device_put(part, devices[0])
+                total = part if total is None else jax.tree_util.tree_map(jnp.add, total, part)
         return total
 
     def tiles(x):
