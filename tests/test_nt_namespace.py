@@ -27,8 +27,6 @@ NOT_PROVIDED = {
     "stax.layer": "decorator for user layers written against neural-tangents' internal Kernel API",
     "stax.requires": "decorator for user layers written against neural-tangents' internal Kernel API",
     "stax.supports_masking": "decorator for user layers written against neural-tangents' internal Kernel API",
-    "stax.MaskedArray": "masking (mask_constant) is not implemented yet",
-    "stax.unmask_fn": "masking (mask_constant) is not implemented yet",
 }
 # neural-tangents' private (underscore) tuning arguments of the empirical kernels are not part of the API.
 PRIVATE = re.compile(r"^_")
