@@ -28,7 +28,7 @@ NETS = nets(stax)
 def test_apply_matches_neural_tangents(name):
     layer, shape = NETS[name]
     init_fn, apply_fn, _ = layer
-    gold = np.load(os.path.join(GOLDEN, f"masking_apply_{name}.npz"))
+    gold = np.load(os.path.join(GOLDEN, "masking_apply", f"{name}.npz"))
     _, params = init_fn(jax.random.PRNGKey(0), shape)
     leaves, tree = jax.tree_util.tree_flatten(params)
     theirs = [gold[f"leaf{i}"] for i in range(len(leaves))]
