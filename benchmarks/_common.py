@@ -18,6 +18,24 @@ def machine() -> dict:
             "cpu_count": os.cpu_count()}
 
 
+def time_first_and_steady(fn, *args, repeats: int):
+    """``(output, first, steady)``: the first call of ``fn(*args)`` (trace + compile + run for a jitted ``fn``) and
+    ``repeats`` further calls, each timed in seconds up to ``jax.block_until_ready``."""
+    import time
+
+    import jax
+
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - start
+    steady = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        steady.append(time.perf_counter() - start)
+    return out, first, steady
+
+
 def write_results(path: Path, payload: dict) -> Path:
     """Write ``{"quick": ..., machine(), **payload}`` as JSON to ``path`` (folders made) and say where."""
     path = Path(path)

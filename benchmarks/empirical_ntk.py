@@ -28,12 +28,12 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import time_first_and_steady  # noqa: E402
 from kernels import THREADS, git_commit, summarise, worker_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,14 +93,7 @@ def worker(library: str, implementation: int, inputs_path: str, out_path: str, r
     n_params = sum(int(np.prod(p.shape)) for p in leaves)
     ntk = jax.jit(emp.empirical_ntk_fn(apply_fn, vmap_axes=0, implementation=implementation))
 
-    start = time.perf_counter()
-    out = jax.block_until_ready(ntk(x, None, params))
-    first = time.perf_counter() - start
-    steady = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(ntk(x, None, params))
-        steady.append(time.perf_counter() - start)
+    out, first, steady = time_first_and_steady(ntk, x, None, params, repeats=repeats)
     np.savez(out_path + ".npz", ntk=np.asarray(out))
     info = {"jax": jax.__version__, "device": jax.devices()[0].device_kind, "first": first, "steady": steady,
             "planned_bytes": None, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -42,10 +42,12 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import time_first_and_steady  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "kernels.json"
@@ -165,14 +167,7 @@ def worker(library: str, case: str, inputs_path: str, out_path: str, repeats: in
     kw = call_args(x, pattern)
     kernel_fn = jax.jit(lambda a, kw: build(stax, case)[2](a, None, ("nngp", "ntk"), **kw))
 
-    start = time.perf_counter()
-    out = jax.block_until_ready(kernel_fn(x, kw))
-    first = time.perf_counter() - start
-    steady = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(kernel_fn(x, kw))
-        steady.append(time.perf_counter() - start)
+    out, first, steady = time_first_and_steady(kernel_fn, x, kw, repeats=repeats)
     # Memory: what XLA plans for the compiled call (temporaries + outputs), and the process's peak resident set.
     planned = None
     try:

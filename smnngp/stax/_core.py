@@ -487,6 +487,11 @@ def _act_param(value, name: str, layer: str):
         if jnp.ndim(value) != 0:
             raise ValueError(f"{layer}: {name} must be a scalar, got a traced array of shape {jnp.shape(value)}")
         return value
+    return _finite_float(value, name, layer)
+
+
+def _finite_float(value, name: str, layer: str) -> float:
+    """``float(value)``, refused with the layer's name unless it is a finite number."""
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -509,12 +514,7 @@ def _check_std(value, name: str, layer: str, allow_none: bool):
         if allow_none:
             return
         raise ValueError(f"{layer}: {name} must be a positive number, got None")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{layer}: {name} must be a number, got {type(value).__name__}") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{layer}: {name} must be finite, got {value}")
+    v = _finite_float(value, name, layer)
     if name == "W_std" and v <= 0:
         raise ValueError(f"{layer}: W_std must be positive, got {value}")
     if name == "b_std" and v < 0:

@@ -273,14 +273,8 @@ def _branch_shapes(shapes, layer):
     return [tuple(s) for s in shapes]
 
 
-def FanInSum() -> Layer:
-    """Sum the branches (residual connections); all branch shapes must agree.
-
-    Returns:
-        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters, mapping a list of branches to their sum;
-        its kernels are the sums of the branch kernels.
-    """
-    layer = "FanInSum"
+def _elementwise_fan_in(layer: str, op):
+    """``(shape_fn, init_fn, apply_fn)`` of a fan-in combining branches of one shape elementwise with ``op``."""
 
     def shape_fn(shapes):
         shapes = _branch_shapes(shapes, layer)
@@ -293,7 +287,21 @@ def FanInSum() -> Layer:
 
     def apply_fn(params, xs, **kwargs):
         shape_fn([tuple(x.shape) for x in xs])
-        return functools.reduce(operator.add, xs)
+        return functools.reduce(op, xs)
+
+    return shape_fn, init_fn, apply_fn
+
+
+def FanInSum() -> Layer:
+    """Sum the branches (residual connections); all branch shapes must agree.
+
+    Returns:
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` without parameters, mapping a list of branches to their sum;
+        its kernels are the sums of the branch kernels.
+    """
+    layer = "FanInSum"
+
+    shape_fn, init_fn, apply_fn = _elementwise_fan_in(layer, operator.add)
 
     def kernel_map(ks):
         shape_fn([k.shape1 for k in ks])
@@ -336,18 +344,7 @@ def FanInProd() -> Layer:
     """
     layer = "FanInProd"
 
-    def shape_fn(shapes):
-        shapes = _branch_shapes(shapes, layer)
-        if any(s != shapes[0] for s in shapes):
-            raise ValueError(f"{layer}: branch shapes differ: {shapes}")
-        return shapes[0]
-
-    def init_fn(key, input_shapes):
-        return shape_fn(list(input_shapes)), ()
-
-    def apply_fn(params, xs, **kwargs):
-        shape_fn([tuple(x.shape) for x in xs])
-        return functools.reduce(operator.mul, xs)
+    shape_fn, init_fn, apply_fn = _elementwise_fan_in(layer, operator.mul)
 
     def kernel_map(ks):
         shape_fn([k.shape1 for k in ks])

@@ -18,6 +18,7 @@ from smnngp.stax import masking
 from smnngp.stax._core import (
     _PADDINGS,
     Layer,
+    _from_canonical,
     _map_covs,
     _out_sizes,
     _single_shape,
@@ -65,16 +66,6 @@ def _from_canonical_shape(shape, layout) -> tuple[int, ...]:
     b, c = layout[0] % n, layout[1] % n
     rest = iter(shape[1:-1])
     return tuple(shape[0] if i == b else shape[-1] if i == c else next(rest) for i in range(n))
-
-
-def _from_canonical(x, layout):
-    """Inverse of `to_canonical`: move axes (0, -1) of ``x`` back to ``(batch_axis, channel_axis)``."""
-    if layout is None or x.ndim < 2:
-        return x
-    b, c = layout[0] % x.ndim, layout[1] % x.ndim
-    if (b, c) == (0, x.ndim - 1):
-        return x
-    return jnp.moveaxis(x, (0, x.ndim - 1), (b, c))
 
 
 def _spatial_sum(mat, batch_ndim: int):
