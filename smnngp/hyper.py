@@ -55,6 +55,7 @@ from jax.flatten_util import ravel_pytree
 from jax.scipy.special import logsumexp
 
 from smnngp import linalg, models, posterior, priors, stax
+from smnngp._checks import check_finite
 from smnngp.kernels import ParametricKernel
 from smnngp.models import MODELS
 
@@ -359,8 +360,7 @@ def _check_data(x, y, xv, yv, per_point: str):
         raise ValueError(f"row counts differ: x_train {x.shape[0]} vs y_train {y.shape[0]}, "
                          f"x_val {xv.shape[0]} vs y_val {yv.shape[0]}")
     for name, arr in (("x_train", x), ("y_train", y), ("x_val", xv), ("y_val", yv)):
-        if not bool(jnp.all(jnp.isfinite(arr))):
-            raise ValueError(f"{name} contains NaN or infinite values")
+        check_finite(arr, name)
 
 
 def fit_kernel(

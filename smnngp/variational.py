@@ -100,6 +100,7 @@ from jax.scipy.special import digamma, gammaln, log_ndtr, ndtr
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from smnngp import linalg, priors
+from smnngp._checks import check_finite
 from smnngp.kernels import softplus_inverse
 from smnngp.posterior import as_kernel_callable
 
@@ -265,8 +266,7 @@ class Gaussian(_Likelihood):
                              f"{self.num_outputs} output(s), got {y.shape}")
         if n is not None and y.shape[0] != n:
             raise ValueError(f"{name} has {y.shape[0]} rows but the inputs have {n}")
-        if not _is_tracer(y) and not np.isfinite(np.asarray(y)).all():
-            raise ValueError(f"{name} contains NaN or infinite values")
+        check_finite(y, name)
         return y
 
 
@@ -414,8 +414,7 @@ def _build(kind, kernel, likelihood, inducing_inputs, *, num_latent, q_diag, q_s
         Z = Z.astype(jnp.result_type(float))
     if Z.ndim < 2 or Z.shape[0] < 1:
         raise ValueError(f"inducing_inputs must have shape (M, features...) with M >= 1, got {Z.shape}")
-    if not np.isfinite(np.asarray(Z)).all():
-        raise ValueError("inducing_inputs contains NaN or infinite values")
+    check_finite(Z, "inducing_inputs")
     M = Z.shape[0]
     C = likelihood.num_latent
     if num_latent is not None and _positive_int(num_latent, "num_latent") != C:
@@ -721,8 +720,7 @@ def _check_x(model, x, name="x"):
                          f"inputs, got {x.shape}")
     if x.shape[0] == 0:
         raise ValueError(f"{name} is empty")
-    if not _is_tracer(x) and not np.isfinite(np.asarray(x)).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
+    check_finite(x, name)
     return x.astype(model.dtype)
 
 
@@ -982,8 +980,7 @@ def stratified_inducing(x, y, num_inducing: int, key):
     M = _positive_int(num_inducing, "num_inducing")
     if M > N:
         raise ValueError(f"num_inducing={M} exceeds the {N} training points in x")
-    if not np.isfinite(x).all():
-        raise ValueError("x contains NaN or infinite values")
+    check_finite(x, "x")
     if y is None:
         idx = np.asarray(jax.random.choice(key, N, (M,), replace=False))
         return jnp.asarray(x[np.sort(idx)])

@@ -109,7 +109,7 @@ def test_errors_name_the_problem():
         hyper.fit_hyperparameters(x, y[:-1], x, y, "gaussian")
     bad = y.copy()
     bad[0] = np.nan
-    with pytest.raises(ValueError, match="y_train contains NaN"):
+    with pytest.raises(ValueError, match="y_train has 1 non-finite"):
         hyper.fit_hyperparameters(x, bad, x, y, "gaussian")
     with pytest.raises(ValueError, match="activation must be one of"):
         hyper.mlp_kernel(2, "tanh", 1.0, 0.1)
