@@ -171,10 +171,17 @@ def test_sharded_equals_unsharded_on_four_host_devices():
     assert "SHARDED-OK 4" in res.stdout
 
 
-def test_large_symmetric_spatial_kernels_use_mirrored_tiles_correctly():
-    # x2=None on a large spatial kernel evaluates only the upper tiles and mirrors the rest;
-    # compare with the x2=x path (no tiling). 203 points also exercise the padding of the last tile.
+def test_large_symmetric_spatial_kernels_use_mirrored_tiles_correctly(monkeypatch):
+    # x2=None on a large kernel evaluates only the upper tiles (one after another) and mirrors the rest;
+    # compare with the x2=x path (no tiling). 203 and 1031 points also exercise the padding of the last tile.
+    from smnngp.stax import _core
+
+    calls = []
+    tiled = _core._symmetric_kernel_map
+    monkeypatch.setattr(_core, "_symmetric_kernel_map", lambda *a: calls.append(a[-1]) or tiled(*a))
     cases = [
+        (stax.serial(stax.Dense(64, W_std=1.5, b_std=0.05), stax.Relu(), stax.Dense(64, W_std=1.3), stax.Erf(),
+                     stax.Dense(1)), (1031, 5)),
         (stax.serial(stax.Conv(8, (3, 3), padding="SAME", W_std=1.4, b_std=0.1), stax.Relu(),
                      stax.Conv(8, (3, 3), padding="SAME"), stax.Erf(), stax.Flatten(), stax.Dense(1)), (203, 8, 8, 1)),
         (stax.serial(stax.Conv(8, (3, 3), padding="SAME", W_std=1.4, b_std=0.1), stax.Relu(),
@@ -187,3 +194,4 @@ def test_large_symmetric_spatial_kernels_use_mirrored_tiles_correctly():
         np.testing.assert_allclose(sym.nngp, ref.nngp, rtol=1e-7, atol=1e-12)
         np.testing.assert_allclose(sym.ntk, ref.ntk, rtol=1e-7, atol=1e-12)
         np.testing.assert_allclose(sym.nngp, np.asarray(sym.nngp).T, rtol=1e-13, atol=1e-15)
+    assert len(calls) == len(cases) and min(calls) > 1  # every case took the tiled path, in several tiles

@@ -283,12 +283,22 @@ def _input_kernel(x1, x2, full: bool, want_ntk: bool) -> Kernel:
     return Kernel(nngp, ntk, cov1, cov2, x1.shape, xb.shape, full, is_gaussian=False)
 
 
-# With x2=None, a network whose inputs have spatial axes and whose output has none (after
-# Flatten or GlobalAvgPool), and whose input kernel has at least this many entries (N^2 times
-# the spatial positions), is evaluated on T (T + 1) / 2 of T^2 tiles (`_symmetric_kernel_map`):
-# there the work is in the hidden layers and the output that must be assembled is small.
-_SYMMETRIC_MIN_ENTRIES = 2**21
-_SYMMETRIC_TILES = 8
+# With x2=None, a network whose output has no spatial axes (dense inputs, or spatial ones reduced by Flatten or
+# GlobalAvgPool) and whose input kernel has at least _SYMMETRIC_MIN_ENTRIES entries (N^2 times the position pairs;
+# 2^20 float64 entries are 8 MB, past the cache of a core)
+# is evaluated tile pair by tile pair (`_symmetric_kernel_map`): T (T + 1) / 2 of the T^2 tiles, one after another
+# in a `lax.map`, each small enough (_TILE_ENTRIES) that a layer's covariances stay in the processor's cache from
+# one layer to the next. On 2 CPU cores the MLP-4 ReLU kernel of 2,000 points took 0.57 s untiled and 0.21 s in
+# tiles of 256 points, a CNN-4 of 200 8x8 images 0.32 s and 0.21 s (the untiled path streams every N x N
+# intermediate through memory, once per layer); below 2^20 entries the loop costs more than it saves.
+_TILE_ENTRIES = 2**16
+_SYMMETRIC_MIN_ENTRIES = 2**20
+
+
+def _tile_count(n_points: int, per_pair: int) -> int:
+    """How many tiles the points are cut into so that one tile pair has about _TILE_ENTRIES entries."""
+    side = max(1, math.isqrt(max(1, _TILE_ENTRIES // max(per_pair, 1))))
+    return max(1, -(-n_points // side))
 
 
 def _batch_diagonal(mat):
@@ -308,10 +318,11 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
     """``kernel_map`` of the input kernel of (x, x), computed on T (T + 1) / 2 of the T^2 tiles.
 
     k(x_j, x_i) is k(x_i, x_j) with its two points swapped, so the tiles below the
-    block diagonal are mirrored from those above: (T + 1) / (2 T) of the work. All
-    tile pairs run as one `vmap`, each with the variances of its two tiles, and
-    every point's variance is read off its own diagonal tile, so that k(x, x) and
-    var(x) are the same floating-point numbers, as on the untiled path.
+    block diagonal are mirrored from those above: (T + 1) / (2 T) of the work. The
+    tile pairs run one after another (`jax.lax.map`), so that each pair's covariances
+    stay in cache through all the layers; each pair gets the variances of its two
+    tiles, and every point's variance is read off its own diagonal tile, so that
+    k(x, x) and var(x) are the same floating-point numbers as on the untiled path.
     """
     n_points = x.shape[0]
     n = -(-n_points // tiles)
@@ -321,15 +332,16 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
     rows, cols = np.triu_indices(tiles)
     pair = {(int(i), int(j)): p for p, (i, j) in enumerate(zip(rows, cols))}
     on_diag = np.array([pair[i, i] for i in range(tiles)])
-    nngp = jax.vmap(lambda a, b: _input_kernel(a, b, full, False).nngp)(xt[rows], xt[cols])
-    var = jax.vmap(_batch_diagonal)(nngp[on_diag])
+    var = jax.vmap(lambda a: _batch_diagonal(_input_kernel(a, a, full, False).nngp))(xt)
     shape = (n,) + x.shape[1:]
     ntk = jnp.zeros((), x.dtype) if want_ntk else None
 
-    def tile_pair(nngp, cov1, cov2):
-        return kernel_map(Kernel(nngp, ntk, cov1, cov2, shape, shape, full, is_gaussian=False))
+    def tile_pair(args):
+        r, c = args
+        nngp = _input_kernel(xt[r], xt[c], full, False).nngp
+        return kernel_map(Kernel(nngp, ntk, var[r], var[c], shape, shape, full, is_gaussian=False))
 
-    out = jax.vmap(tile_pair)(nngp, var[rows], var[cols])
+    out = jax.lax.map(tile_pair, (jnp.asarray(rows), jnp.asarray(cols)))
     # Tile (r, c) of the result is pair (r, c) for r <= c and pair (c, r) swapped below the
     # diagonal: one gather from [pairs, swapped off-diagonal pairs] reads each entry once.
     off_diag = np.flatnonzero(rows < cols)
@@ -411,9 +423,11 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
 
         def evaluate(a, b, want_ntk, ma, mb):
             n_points, entries = a.shape[0], a.shape[0] ** 2 * math.prod(a.shape[1:-1]) ** (2 if full else 1)
-            tile = symmetric and b is None and a.ndim > 2 and not out_spatial and n_points >= 4 * _SYMMETRIC_TILES
-            if tile and entries >= _SYMMETRIC_MIN_ENTRIES and not layer_kwargs and ma is None:
-                return _symmetric_kernel_map(kernel_map, a, full, want_ntk, _SYMMETRIC_TILES)
+            tile = symmetric and b is None and not out_spatial and entries >= _SYMMETRIC_MIN_ENTRIES
+            if tile and not layer_kwargs and ma is None:
+                tiles = _tile_count(n_points, entries // n_points**2)
+                if tiles > 1:
+                    return _symmetric_kernel_map(kernel_map, a, full, want_ntk, tiles)
             k0 = _input_kernel(a, b, full, want_ntk)
             if ma is not None:
                 k0 = k0.replace(mask1=ma, mask2=mb)
