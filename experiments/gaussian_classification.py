@@ -61,9 +61,9 @@ def add_arguments(parser):
 
 
 def cnn_kernel(depth: int):
-    """The NNGP ``kernel_fn`` of the kernel architecture above (`experiments.svtp.cnn_arch` at its starting
+    """The NNGP ``kernel_fn`` of the kernel architecture above (`smnngp.models.cnn_arch` at its starting
     scales: ``W_std = sqrt 2``, ``b_std = 0.1``, readout ``W_std = 1``)."""
-    from experiments.svtp import cnn_arch, cnn_init
+    from smnngp.models import cnn_arch, cnn_init
 
     return cnn_arch(depth)(cnn_init(depth))[2]
 

@@ -43,14 +43,14 @@ def add_arguments(parser):
 def run(args) -> Report:
     import jax
 
-    from experiments import mbnn_uci
     from experiments.data import load_uci
-    from samplers.mbnn import sample
+    from experiments.data.uci import minmax_split
+    from samplers.mbnn import sample, uci_sampler
 
     q = args.quick
     s = dict(width=args.width or (30 if q else 1000), iterations=args.iterations or (40 if q else 400),
              chains=args.chains or (1 if q else 2), leapfrog=20, n_mh=10, n_max=3, prior_scale=1.0, lam=0.1)
-    xtr, ytr, _, _ = mbnn_uci.prepare_split(load_uci(args.dataset), 0)
+    xtr, ytr, _, _ = minmax_split(load_uci(args.dataset), 0)
     traces, rows = {}, []
     pairs = QUICK_PAIRS if q else tuple(itertools.product(PROPOSALS, PROPOSALS))
     for birth, death in pairs:
@@ -62,7 +62,8 @@ def run(args) -> Report:
             if saved["settings"] == cfg:
                 traces[(birth, death)] = np.asarray(saved["ratio"])
         if (birth, death) not in traces:
-            sampler = mbnn_uci.build_sampler(f"mbnn-{s['lam']}", xtr, ytr, s, birth=birth, death=death)
+            sampler = uci_sampler(xtr, ytr, s["lam"], width=s["width"], prior_scale=s["prior_scale"],
+                                  leapfrog=s["leapfrog"], n_mh=s["n_mh"], n_max=s["n_max"], birth=birth, death=death)
             res = sample(sampler, jax.random.PRNGKey(args.seed), num_chains=s["chains"], num_burnin=s["iterations"],
                          num_samples=1, thinning=1, progress=True)
             ratio = res.traces["active"].sum(-1).mean(0)[: s["iterations"]] / (2.0 * s["width"])

@@ -176,27 +176,15 @@ def _parse_model(name: str):
                      f"@WIDTH for a reduced width), got {name!r}")
 
 
-def prepare_split(data, split: int):
-    """``(x_train, y_train, x_test, y_test)``: inputs min-max scaled on the training rows, targets unscaled."""
-    train, test = data.splits[split]
-    X, y = np.asarray(data.X, float), np.asarray(data.y, float).reshape(-1)
-    lo, hi = X[train].min(0), X[train].max(0)
-    span = np.where(hi > lo, hi - lo, 1.0)
-    return (X[train] - lo) / span, y[train], (X[test] - lo) / span, y[test]
-
-
 def build_sampler(model_name: str, x, y, s: dict, birth: str = "uniform", death: str = "sensitivity"):
-    """The paper's UCI model and sampler for ``bnn`` or ``mbnn-LAMBDA`` on one training set."""
-    from finite.masked import masked_mlp
-    from samplers.mbnn import MaskedBNN, mbnn_sampler
+    """The paper's UCI model and sampler (`samplers.mbnn.uci_sampler`) for ``bnn`` or ``mbnn-LAMBDA`` with the
+    settings ``s`` on one training set."""
+    from samplers.mbnn import uci_sampler
 
-    lam = _parse_model(model_name)
-    w, d = s["width"], x.shape[1]
-    net = masked_mlp(d, (w, w)) if lam is None else masked_mlp(d, (int(round(1.1 * w)),) * 2, (w, w))
-    model = MaskedBNN(net, x, y, prior_scale=s["prior_scale"], lam=lam, sigma2_prior=(1.0, float(np.std(y, ddof=1))))
-    return mbnn_sampler(model, num_integration_steps=s["leapfrog"], n_mh=s["n_mh"], n_max=s["n_max"], birth=birth,
-                        death=death, step_scale=s.get("step_scale", 0.5), n_transfer=s.get("n_transfer", 0),
-                        transfer_kappa=s.get("transfer_kappa", 100.0))
+    return uci_sampler(x, y, _parse_model(model_name), width=s["width"], prior_scale=s["prior_scale"],
+                       leapfrog=s["leapfrog"], n_mh=s["n_mh"], n_max=s["n_max"], birth=birth, death=death,
+                       step_scale=s.get("step_scale", 0.5), n_transfer=s.get("n_transfer", 0),
+                       transfer_kappa=s.get("transfer_kappa", 100.0))
 
 
 def run_split(data, split: int, model_name: str, s: dict, seed: int, checkpoint=None, progress=True) -> dict:
@@ -204,9 +192,10 @@ def run_split(data, split: int, model_name: str, s: dict, seed: int, checkpoint=
     import jax
     import jax.numpy as jnp
 
+    from experiments.data.uci import minmax_split
     from samplers.mbnn import diagnostics, sample
 
-    xtr, ytr, xte, yte = prepare_split(data, split)
+    xtr, ytr, xte, yte = minmax_split(data, split)
     if _split_width(model_name)[0] == "nsvi":
         return _run_nsvi(xtr, ytr, xte, yte, s, seed)
     sampler = build_sampler(model_name, xtr, ytr, s)

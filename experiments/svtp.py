@@ -25,7 +25,6 @@ cell in ``OUT/cells``.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -63,40 +62,6 @@ def add_arguments(parser):
     parser.add_argument("--models", nargs="*", default=["svgp", "svtp"], choices=list(MODELS),
                         help="svgp, svtp (readout W_std pinned: sigma^2 is the amplitude), svtp-pinned (every W_std "
                              "pinned, only b_std trained); default svgp svtp")
-
-
-def cnn_arch(depth: int):
-    """``arch(p) -> stax layer``: ``depth x [Conv(3 x 3, SAME, p['W_std'][i], p['b_std'][i]) + ReLU] + Flatten +
-    Dense(W_std=p['W_out'], b_std=p['b_out'])``, the conv kernel of the scale-mixture experiments."""
-    from smnngp import stax
-
-    def arch(p):
-        layers = []
-        for i in range(depth):
-            layers += [stax.Conv(1, (3, 3), padding="SAME", W_std=p["W_std"][i], b_std=p["b_std"][i]), stax.Relu()]
-        return stax.serial(*layers, stax.Flatten(), stax.Dense(1, W_std=p["W_out"], b_std=p["b_out"]))
-
-    return arch
-
-
-def cnn_init(depth: int) -> dict:
-    """Starting scales of :func:`cnn_arch`: ``W_std = sqrt 2``, ``b_std = 0.1``, readout ``W_std = 1``."""
-    return {"W_std": [math.sqrt(2.0)] * depth, "b_std": [0.1] * depth, "W_out": 1.0, "b_out": 0.1}
-
-
-def cnn_kernel(depth: int, *, train_amplitude: bool = True, pin_weights: bool = False):
-    """The conv NNGP as a `smnngp.kernels.ParametricKernel` (every scale trained). Without
-    ``train_amplitude`` the readout ``W_std`` stays 1: the SVTP's sigma^2 is that amplitude. With ``pin_weights``
-    every ``W_std`` stays at its starting value and only the ``b_std`` are trained: the ReLU layers are positively
-    homogeneous, so trained hidden ``W_std`` can still carry an overall amplitude that competes with sigma^2."""
-    from smnngp import stax
-
-    arch, init = cnn_arch(depth), cnn_init(depth)
-    if train_amplitude and not pin_weights:
-        return stax.parametric_kernel(arch, init)
-    pinned = ("W_out", "W_std") if pin_weights else ("W_out",)
-    fixed = {k: init.pop(k) for k in pinned}
-    return stax.parametric_kernel(lambda p: arch({**p, **fixed}), init)
 
 
 def _scores(probs, labels):
@@ -137,6 +102,8 @@ def _run_cell(args, data, seed, variant, model_name, log):
     x_fit = jnp.asarray(x_tr[tr], jnp.float64)
     Z = vi.stratified_inducing(x_fit, y_tr[tr], min(args.num_inducing, len(tr)), k_z)
     build = vi.svgp if model_name == "svgp" else vi.svtp
+    from smnngp.models import cnn_kernel
+
     kernel = cnn_kernel(args.depth, train_amplitude=model_name == "svgp", pin_weights=model_name == "svtp-pinned")
     model = build(kernel, vi.Softmax(C), Z)
     t0 = time.perf_counter()

@@ -72,6 +72,7 @@ from finite.masked import (
     gibbs_sigma2,
     ineffective_masks,
     mask_prior_strength,
+    masked_mlp,
     scatter_effective,
 )
 from samplers.driver import chain_diagnostics, load_checkpoint, phase_summary, run_chunks, save_checkpoint
@@ -79,8 +80,8 @@ from samplers.hmc import hmc_step, step_size_adaptation
 from samplers.hmc import pool_min_step as pool_min_da
 from samplers.masks import check_proposals, mask_move, transfer_move
 
-__all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "sample", "SampleResult", "diagnostics",
-           "COMPACT_MIN_WIDTH"]
+__all__ = ["MaskedBNN", "MBNNState", "MBNNInfo", "MBNNSampler", "mbnn_sampler", "uci_sampler", "sample", "SampleResult",
+           "diagnostics", "COMPACT_MIN_WIDTH"]
 
 COMPACT_MIN_WIDTH = 128  # `sample(compact=None)` compacts networks whose widest hidden layer has this many nodes
 
@@ -571,6 +572,41 @@ def mbnn_sampler(model: MaskedBNN, *, num_integration_steps: int = 20, step_size
 # ---------------------------------------------------------------------------
 # running many chains
 # ---------------------------------------------------------------------------
+
+def uci_sampler(x, y, lam: float | None, *, width: int, prior_scale: float, leapfrog: int, n_mh: int, n_max: int,
+                birth: str = "uniform", death: str = "sensitivity", step_scale: float = 0.5, n_transfer: int = 0,
+                transfer_kappa: float = 100.0) -> MBNNSampler:
+    """The masked-BNN paper's UCI regression model and sampler (Kong et al. 2023, section 4) on one training set.
+
+    ``lam=None``: the BNN, a two-layer ReLU MLP of ``(width, width)`` nodes, all active. ``lam > 0``: the mBNN, with
+    ``round(1.1 width)`` physical nodes per layer of which ``width`` start active, and mask prior strength ``lam``.
+    Cauchy(``prior_scale``) weights, ``sigma^2 ~ InverseGamma(1, std(y))``; ``leapfrog`` integration steps and
+    ``n_mh`` mask moves (at most ``n_max`` nodes each) per iteration, the given birth and death proposals.
+
+    Args:
+        x: training inputs ``(n, d)`` (the paper scales them to [0, 1]).
+        y: training targets ``(n,)``.
+        lam: the mask prior strength, or ``None`` for the plain BNN.
+        width: nodes per hidden layer (active ones for the mBNN).
+        prior_scale: scale of the Cauchy prior on every weight and bias.
+        leapfrog: leapfrog steps per HMC trajectory.
+        n_mh: mask moves per iteration.
+        n_max: most nodes born or killed by one move.
+        birth: the birth proposal (see `samplers.masks`).
+        death: the death proposal.
+        step_scale: the HMC step-size scale of `mbnn_sampler`.
+        n_transfer: merge/split moves per iteration (0: the paper's sampler).
+        transfer_kappa: their concentration.
+
+    Returns:
+        The `MBNNSampler`.
+    """
+    w, d = int(width), np.shape(x)[1]
+    net = masked_mlp(d, (w, w)) if lam is None else masked_mlp(d, (int(round(1.1 * w)),) * 2, (w, w))
+    model = MaskedBNN(net, x, y, prior_scale=prior_scale, lam=lam, sigma2_prior=(1.0, float(np.std(y, ddof=1))))
+    return mbnn_sampler(model, num_integration_steps=leapfrog, n_mh=n_mh, n_max=n_max, birth=birth, death=death,
+                        step_scale=step_scale, n_transfer=n_transfer, transfer_kappa=transfer_kappa)
+
 
 class SampleResult(NamedTuple):
     """What `sample` returns.

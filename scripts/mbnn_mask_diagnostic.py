@@ -32,6 +32,7 @@ from scipy.optimize import linear_sum_assignment
 
 from experiments import mbnn_uci
 from experiments.data import load_uci
+from experiments.data.uci import minmax_split
 from finite.masked import node_activations
 from samplers.driver import split_rhat
 from samplers.mbnn import pool_min_step, sample
@@ -67,7 +68,7 @@ def main() -> None:
     p.add_argument("--kappa", type=float, default=100.0, help="partner sharpness of the merge/split moves")
     p.add_argument("--cache", default=None, help="burn-in state file (default /tmp/mbnn_burn_DATASET_SPLIT[_tN].pkl)")
     a = p.parse_args()
-    xtr, ytr, xte, yte = mbnn_uci.prepare_split(load_uci(a.dataset), a.split)
+    xtr, ytr, xte, yte = minmax_split(load_uci(a.dataset), a.split)
     s = dict(width=1000, prior_scale=1.0, leapfrog=20, n_mh=10, n_max=3, step_scale=0.5, n_transfer=a.transfer,
              transfer_kappa=a.kappa)
     pool = mbnn_uci.DATASET_SETTINGS.get(a.dataset, {}).get("pool_step")

@@ -25,6 +25,7 @@ import numpy as np
 
 from experiments import mbnn_uci
 from experiments.data import load_uci
+from experiments.data.uci import minmax_split
 from samplers.mbnn import pool_min_step, sample
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=2000)
     p.add_argument("--cache", default=None, help="burn-in state file (default /tmp/mbnn_burn_DATASET_SPLIT.pkl)")
     a = p.parse_args()
-    xtr, ytr, _, _ = mbnn_uci.prepare_split(load_uci(a.dataset), a.split)
+    xtr, ytr, _, _ = minmax_split(load_uci(a.dataset), a.split)
 
     def sampler_for(scale):
         s = dict(width=1000, prior_scale=1.0, leapfrog=20, n_mh=10, n_max=3, step_scale=scale)

@@ -17,10 +17,15 @@ The MLP (:func:`mlp`): ``depth`` x [``Dense(W_std, b_std)``, activation], then a
 readout ``Dense(1, W_std=last_W_std)`` with bias ``b_std`` (or none). Its
 defaults for standardised inputs: ``W_std`` 1.4 (ReLU) or 1.5 (Erf),
 ``b_std = 0.1``, ``last_W_std = 1``.
+
+The conv net of the image experiments (:func:`cnn_arch`, :func:`cnn_init`, :func:`cnn_kernel`; the scale-mixture
+paper's Table 2 and the Gaussian-classification study): ``depth`` x [3 x 3 ``Conv`` (SAME), ReLU], ``Flatten``, a
+readout ``Dense(1)``, every scale a hyperparameter.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpyro.distributions as dist
@@ -38,6 +43,9 @@ __all__ = [
     "prior",
     "mlp",
     "mlp_arch",
+    "cnn_arch",
+    "cnn_init",
+    "cnn_kernel",
 ]
 
 MODELS = ("gaussian", "student_t", "burr12")
@@ -191,3 +199,65 @@ def mlp(depth: int, activation: str = "relu", W_std: float | None = None, b_std:
     return mlp_arch(depth, activation, readout_bias=readout_bias)(
         {"W_std": W_std, "b_std": b_std, "last_W_std": last_W_std})
 
+
+def cnn_arch(depth: int) -> Callable[[dict], stax.Layer]:
+    """``arch(p) -> stax layer``: ``depth`` x [``Conv(1, (3, 3), padding='SAME', W_std=p['W_std'][i],
+    b_std=p['b_std'][i])``, ``Relu``], ``Flatten``, ``Dense(1, W_std=p['W_out'], b_std=p['b_out'])`` (the channel
+    counts do not enter the kernel).
+
+    Args:
+        depth: the number of convolutional layers, a positive integer.
+
+    Returns:
+        A function of the scales ``p`` (as :func:`cnn_init` gives them) returning the `smnngp.stax` layer.
+
+    Raises:
+        ValueError: if ``depth`` is not a positive integer.
+    """
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise ValueError(f"cnn_arch: depth must be a positive integer, got {depth!r}")
+
+    def arch(p):
+        layers = []
+        for i in range(depth):
+            layers += [stax.Conv(1, (3, 3), padding="SAME", W_std=p["W_std"][i], b_std=p["b_std"][i]), stax.Relu()]
+        return stax.serial(*layers, stax.Flatten(), stax.Dense(1, W_std=p["W_out"], b_std=p["b_out"]))
+
+    return arch
+
+
+def cnn_init(depth: int) -> dict:
+    """The starting scales of :func:`cnn_arch`: ``W_std = sqrt 2`` and ``b_std = 0.1`` per layer, readout
+    ``W_std = 1``, ``b_std = 0.1``.
+
+    Args:
+        depth: the number of convolutional layers.
+
+    Returns:
+        ``{"W_std": [...], "b_std": [...], "W_out": 1.0, "b_out": 0.1}``.
+    """
+    return {"W_std": [math.sqrt(2.0)] * depth, "b_std": [0.1] * depth, "W_out": 1.0, "b_out": 0.1}
+
+
+def cnn_kernel(depth: int, *, train_amplitude: bool = True, pin_weights: bool = False):
+    """The conv NNGP of :func:`cnn_arch` as a `smnngp.kernels.ParametricKernel` started at :func:`cnn_init`.
+
+    Every scale is trained, except: without ``train_amplitude`` the readout ``W_std`` stays 1 (a Student-t
+    process's sigma^2 is that amplitude); with ``pin_weights`` every ``W_std`` stays at its start and only the
+    ``b_std`` are trained (ReLU layers are positively homogeneous, so trained hidden ``W_std`` would carry an overall
+    amplitude that competes with sigma^2).
+
+    Args:
+        depth: the number of convolutional layers.
+        train_amplitude: whether the readout ``W_std`` is trained.
+        pin_weights: whether every ``W_std`` is held fixed.
+
+    Returns:
+        The `ParametricKernel`.
+    """
+    arch, init = cnn_arch(depth), cnn_init(depth)
+    if train_amplitude and not pin_weights:
+        return stax.parametric_kernel(arch, init)
+    pinned = ("W_out", "W_std") if pin_weights else ("W_out",)
+    fixed = {k: init.pop(k) for k in pinned}
+    return stax.parametric_kernel(lambda p: arch({**p, **fixed}), init)

@@ -71,7 +71,7 @@ def test_svtp_cnn_kernel_pinning():
     import jax.numpy as jnp
     import numpy as np
 
-    from experiments.svtp import cnn_kernel
+    from smnngp.models import cnn_kernel
 
     x = jnp.asarray(np.random.default_rng(0).uniform(size=(3, 8, 8, 1)))
     full = cnn_kernel(2)

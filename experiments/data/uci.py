@@ -157,6 +157,17 @@ def load_uci(name: str) -> UCIData:
     return load(name)
 
 
+def minmax_split(data: UCIData, split: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x_train, y_train, x_test, y_test)`` of public split ``split``: inputs min-max scaled to [0, 1] on the
+    training rows (a constant feature is left unscaled), targets in their original units (the masked-BNN paper's
+    preprocessing)."""
+    train, test = data.splits[split]
+    X, y = np.asarray(data.X, float), np.asarray(data.y, float).reshape(-1)
+    lo, hi = X[train].min(0), X[train].max(0)
+    span = np.where(hi > lo, hi - lo, 1.0)
+    return (X[train] - lo) / span, y[train], (X[test] - lo) / span, y[test]
+
+
 def uci_split(
     data: UCIData, protocol: str, run: int, val_fraction: float = 0.1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
