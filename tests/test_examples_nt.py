@@ -61,7 +61,13 @@ def run_example(name, tmp_path):
         return {k: f[k] for k in f.files}
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+# The three examples that train or sample finite networks take 1-3 minutes each even in fast mode on 2 cores: they
+# run with `pytest -m slow` (with the paper-scale runs); the two pure-kernel examples stay in the default suite.
+SLOW_EXAMPLES = {"nt_resnet_empirical_ntk", "nt_weight_vs_function_space", "nt_graph_nngp"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES else n
+                                  for n in sorted(EXAMPLES)])
 def test_example_matches_neural_tangents(name, tmp_path):
     golden_path = GOLDEN / f"{name}.npz"
     assert golden_path.exists(), f"no golden file for {name}: run bash scripts/make_golden.sh"
