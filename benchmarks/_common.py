@@ -18,6 +18,32 @@ def machine() -> dict:
             "cpu_count": os.cpu_count()}
 
 
+def worker_setup(library: str):
+    """Start a timing worker: float64 on, no persistent compilation cache (a first call must compile), and the
+    library's modules ``(stax, empirical)``: smnngp's (``library="ours"``, from this checkout) or neural-tangents'
+    (``"nt"``, in its pinned oracle environment; ``empirical`` is then the top-level ``neural_tangents``)."""
+    import sys
+    import warnings
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    try:
+        jax.config.update("jax_enable_compilation_cache", False)
+    except (AttributeError, KeyError, ValueError):
+        pass
+    if library == "ours":
+        sys.path.insert(0, str(ROOT))
+        from smnngp import empirical, stax
+
+        return stax, empirical
+    warnings.filterwarnings("ignore")
+    import neural_tangents
+    from neural_tangents import stax
+
+    return stax, neural_tangents
+
+
 def time_first_and_steady(fn, *args, repeats: int):
     """``(output, first, steady)``: the first call of ``fn(*args)`` (trace + compile + run for a jitted ``fn``) and
     ``repeats`` further calls, each timed in seconds up to ``jax.block_until_ready``."""

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_first_and_steady  # noqa: E402
+from _common import time_first_and_steady, worker_setup  # noqa: E402
 from kernels import THREADS, git_commit, summarise, worker_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,27 +59,12 @@ def resnet18_width(stax):
 
 def worker(library: str, implementation: int, inputs_path: str, out_path: str, repeats: int) -> None:
     """Time one (library, implementation); save its kernel (.npz) and timings (.json) under ``out_path``."""
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    try:  # no persistent compilation cache: the first call must compile
-        jax.config.update("jax_enable_compilation_cache", False)
-    except (AttributeError, KeyError, ValueError):
-        pass
     import resource
 
+    import jax
     import jax.numpy as jnp
 
-    if library == "ours":
-        sys.path.insert(0, str(ROOT))
-        from smnngp import empirical as emp
-        from smnngp import stax
-    else:
-        import warnings
-
-        warnings.filterwarnings("ignore")
-        import neural_tangents as emp
-        from neural_tangents import stax
+    stax, emp = worker_setup(library)
 
     init_fn, apply_fn, _ = resnet18_width(stax)
     with np.load(inputs_path) as f:

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_first_and_steady  # noqa: E402
+from _common import time_first_and_steady, worker_setup  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "kernels.json"
@@ -130,22 +130,9 @@ def build(stax, name: str):
 def worker(library: str, case: str, inputs_path: str, out_path: str, repeats: int) -> None:
     """Time ``case`` with one library; save its kernels (.npz) and timings (.json) under ``out_path``."""
     import jax
-
-    jax.config.update("jax_enable_x64", True)
-    try:  # no persistent compilation cache: the first call must compile
-        jax.config.update("jax_enable_compilation_cache", False)
-    except (AttributeError, KeyError, ValueError):
-        pass
     import jax.numpy as jnp
 
-    if library == "ours":
-        sys.path.insert(0, str(ROOT))
-        from smnngp import stax
-    else:
-        import warnings
-
-        warnings.filterwarnings("ignore")
-        from neural_tangents import stax
+    stax, _ = worker_setup(library)
 
     import resource
 
