@@ -201,9 +201,10 @@ def mlp(depth: int, activation: str = "relu", W_std: float | None = None, b_std:
 
 
 def cnn_arch(depth: int) -> Callable[[dict], stax.Layer]:
-    """``arch(p) -> stax layer``: ``depth`` x [``Conv(1, (3, 3), padding='SAME', W_std=p['W_std'][i],
-    b_std=p['b_std'][i])``, ``Relu``], ``Flatten``, ``Dense(1, W_std=p['W_out'], b_std=p['b_out'])`` (the channel
-    counts do not enter the kernel).
+    """``arch(p) -> stax layer``: ``depth`` conv blocks, then ``Flatten`` and
+    ``Dense(1, W_std=p["W_out"], b_std=p["b_out"])``; block ``l`` is a 3 x 3 ``Conv`` (SAME padding, one channel: the
+    channel count does not enter the kernel) with scales ``p["W_std"]`` and ``p["b_std"]`` at index ``l``, then
+    ``Relu``.
 
     Args:
         depth: the number of convolutional layers, a positive integer.
