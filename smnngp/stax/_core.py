@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from smnngp._checks import check_finite
 from smnngp.kernels import Kernel, canonical_get, select
 from smnngp.stax import masking as _masking
 
@@ -244,10 +245,7 @@ def _check_input(x, name: str):
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"kernel_fn: {name} must be floating point, got dtype {x.dtype}")
     if _is_concrete(x):
-        finite = np.isfinite(np.asarray(x))
-        if not finite.all():
-            bad = int((~finite).sum())
-            raise ValueError(f"kernel_fn: {name} has {bad} non-finite (NaN or inf) entries")
+        check_finite(x, name, "kernel_fn")
 
 
 def _input_kernel(x1, x2, full: bool, want_ntk: bool) -> Kernel:
