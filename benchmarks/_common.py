@@ -67,5 +67,6 @@ def write_results(path: Path, payload: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**machine(), **payload}, indent=1))
-    print(f"\nwrote {path.resolve().relative_to(ROOT)}")
+    where = path.resolve()
+    print(f"\nwrote {where.relative_to(ROOT) if where.is_relative_to(ROOT) else where}")
     return path

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_first_and_steady, worker_setup  # noqa: E402
+from _common import time_first_and_steady, worker_setup, write_results  # noqa: E402
 from kernels import THREADS, git_commit, summarise, worker_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,10 +178,7 @@ def main(argv=None) -> None:
             print(f"{NAMES[i]:24s} {o['first']:9.2f} {'-':>9s} {'-':>6s}   {o['steady']:9.3f} {'-':>9s} {'-':>6s}")
         report["implementations"][str(i)] = entry
     print("seconds; 1st = first call (trace + compile + run), run = best steady-state call; ratio = ours / NT")
-    out = Path(args.results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(Path(args.results), report)
 
 
 if __name__ == "__main__":

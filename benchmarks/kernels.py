@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_first_and_steady, worker_setup  # noqa: E402
+from _common import time_first_and_steady, worker_setup, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "kernels.json"
@@ -365,10 +365,7 @@ def main(argv=None) -> None:
     print_table(names, timings["ours"], timings.get("nt"))
 
     report["machine"]["platform_backend"] = PLATFORM
-    out = Path(args.results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    write_results(Path(args.results), report)
 
 
 if __name__ == "__main__":
