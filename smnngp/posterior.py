@@ -56,7 +56,7 @@ import numpyro.distributions as dist
 from jax.scipy.special import gammaln, logsumexp, ndtr, ndtri
 
 from smnngp import kernels as _kernels
-from smnngp import linalg, priors
+from smnngp import linalg, matfree, priors
 from smnngp._checks import check_finite
 
 __all__ = [
@@ -547,6 +547,9 @@ class Posterior:
         jitter: absolute jitter added to the training kernel to factorise it.
         kernel: the kernel callable ``k(x1, x2)``, or ``None`` when fitted from kernel matrices.
         x_train: the training inputs, or ``None``.
+        solver: ``None`` for the dense path (a Cholesky factor in ``state``), or the `smnngp.matfree.CG`
+            settings of a matrix-free fit (``state`` holds ``alpha``, ``q``, ``logdet`` and the preconditioner
+            ``Ft``, ``chol_m``).
         **fields: the fields of the concrete class (``s``; ``a_post``, ``b_post``, ``_df``; ``beta``, ``log_w``,
             ``_ess``, ``_num_samples``).
 
@@ -557,19 +560,20 @@ class Posterior:
     kind: str = ""
     # leaves (arrays, the prior's pytree, Python floats) and static fields; subclasses add their own
     _LEAVES: tuple[str, ...] = ("prior", "noise", "x_train", "_lml", "_jitter", "_state")
-    _STATIC: tuple[str, ...] = ("noise_model", "n_train", "n_out", "squeeze", "_kernel")
+    _STATIC: tuple[str, ...] = ("noise_model", "n_train", "n_out", "squeeze", "_kernel", "_solver")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         jax.tree_util.register_pytree_node(cls, cls._tree_flatten, cls._tree_unflatten)
 
     def __init__(self, *, prior, noise, noise_model: str, n_train: int, n_out: int, squeeze: bool,
-                 log_marginal_likelihood, state: dict, jitter=0.0, kernel=None, x_train=None, **fields):
+                 log_marginal_likelihood, state: dict, jitter=0.0, kernel=None, x_train=None, solver=None,
+                 **fields):
         if type(self) is Posterior:
             raise TypeError("Posterior is the interface; build a posterior with posterior.fit or fit_from_kernels")
         values = dict(prior=prior, noise=noise, x_train=x_train, _lml=log_marginal_likelihood, _jitter=jitter,
                       _state=dict(state), noise_model=noise_model, n_train=int(n_train), n_out=int(n_out),
-                      squeeze=bool(squeeze), _kernel=kernel, **fields)
+                      squeeze=bool(squeeze), _kernel=kernel, _solver=solver, **fields)
         missing = set(self._LEAVES + self._STATIC) - set(values)
         unknown = set(values) - set(self._LEAVES + self._STATIC)
         if missing or unknown:
@@ -600,7 +604,7 @@ class Posterior:
 
     def replace(self, **changes) -> Posterior:
         """A copy with the given fields changed (``kernel``, ``x_train``, ``noise``, ...; no refitting)."""
-        renamed = {"kernel": "_kernel", "log_marginal_likelihood": "_lml", "jitter": "_jitter"}
+        renamed = {"kernel": "_kernel", "log_marginal_likelihood": "_lml", "jitter": "_jitter", "solver": "_solver"}
         changes = {renamed.get(k, k): v for k, v in changes.items()}
         unknown = set(changes) - set(self._LEAVES + self._STATIC)
         if unknown:
@@ -627,6 +631,24 @@ class Posterior:
     @property
     def jitter(self):
         return _scalar(self._jitter)
+
+    @property
+    def method(self) -> str:
+        """``'dense'`` (a Cholesky factor or eigendecomposition) or ``'cg'`` (matrix-free, `smnngp.matfree`)."""
+        return "dense" if self._solver is None else "cg"
+
+    @property
+    def diagnostics(self) -> dict:
+        """How the fit went: the method, the jitter (dense), or for ``'cg'`` the CG iterations and relative
+        residual of the training solve, the log-determinant's standard error, probes and preconditioner rank."""
+        out = {"method": self.method, "jitter": self.jitter}
+        if self._solver is not None:
+            st = self._state
+            out.update(cg_iterations=int(st["cg_iterations"]), cg_residual=float(st["cg_residual"]),
+                       tol=float(st["cg_tol"]), logdet_stderr=float(st["logdet_stderr"]),
+                       num_probes=self._solver.num_probes, precond_rank=int(st["Ft"].shape[0]),
+                       precond_trace_error=float(st["precond_trace_error"]))
+        return out
 
     @property
     def ess(self):
@@ -710,7 +732,26 @@ class Posterior:
     def _latent(self, kxt, kxx, full_cov):
         """Gaussian conditional pieces for scaled noise: mean (L, C), covariance S* (diag or full)."""
         st = self._state
+        if self._solver is not None:
+            return self._latent_matfree(kxt, kxx, bool(full_cov))
         return _latent_jit(kxt, kxx, st["alpha"], st["L"], bool(full_cov))
+
+    def _latent_matfree(self, kxt, kxx, full_cov):
+        """As :meth:`_latent` without a factor: ``S* = k** - k*x A^{-1} kx*`` by one CG run over the L test
+        columns (preconditioned as the fit was), ``A = K + noise I`` applied by tiles."""
+        if not _concrete(kxt, self._state, self.x_train, self.noise):
+            raise TypeError("a matrix-free posterior (method='cg') predicts outside jit/vmap: its solves run "
+                            "conjugate gradients with host-side convergence checks")
+        st, opts = self._state, self._solver
+        op = matfree.KernelOperator(self.kernel, self.x_train, float(self.noise), tile_size=opts.tile_size,
+                                    devices=opts.devices)
+        pc = matfree.PivotedCholesky(st["Ft"], st["chol_m"], float(self.noise), float(st["precond_trace_error"]),
+                                     None)
+        v, _ = matfree.cg(op, kxt.T, precond=pc, tol=opts.tolerance(op.dtype), max_iter=opts.max_iter)
+        mean = kxt @ st["alpha"]
+        if full_cov:
+            return mean, kxx - kxt @ v
+        return mean, jnp.clip(kxx - jnp.sum(kxt.T * v, axis=0), 0.0, None)
 
     def _marginal_pieces(self, x_test, k_test_train, k_test_test):
         """Noise-free predictive pieces at the test points: (mean, variance).
@@ -998,7 +1039,8 @@ def _kernel_diag(kernel, x):
 
 
 def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model: str = "scaled",
-        num_samples: int = 10_000, key=None, min_ess: float = 30.0, proposal: str = "prior") -> Posterior:
+        num_samples: int = 10_000, key=None, min_ess: float = 30.0, proposal: str = "prior",
+        method: str = "auto", cg: matfree.CG | None = None) -> Posterior:
     """Posterior of the scale mixture given training data (see the module docstring).
 
     Args:
@@ -1018,6 +1060,11 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
         it (effective sample sizes of tens out of 10^4); the likelihood proposal keeps most of them.
       noise_model: ``'scaled'`` (default: the noise is scaled by sigma^2, ``sigma^2 (Kbar + eps I)``) or
         ``'unscaled'`` (``sigma^2 Kbar + sigma_n^2 I``, which needs ``noise > 0``).
+      method: ``'dense'`` (the N x N kernel and its Cholesky factor), ``'cg'`` (matrix-free, `smnngp.matfree`:
+        the kernel is never formed; conjugate gradients for ``C^{-1} Y``, stochastic Lanczos quadrature for
+        ``log|C|``, reported in ``diagnostics``; scaled noise with ``noise > 0`` only) or ``'auto'`` (dense when
+        ``DENSE_COPIES`` N x N matrices fit in the free memory of the device, else ``'cg'``).
+      cg: settings of the matrix-free path (`smnngp.matfree.CG`; ``None``: its defaults).
 
     Returns:
       A :class:`Posterior`: :class:`GaussianPosterior` for a ``Delta`` prior, :class:`StudentTPosterior` for an
@@ -1029,6 +1076,7 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
       ValueError: for inputs or targets of the wrong shape or with non-finite values, a negative noise, an
         unknown ``noise_model`` or ``proposal``, or an invalid prior (see :func:`fit_from_kernels`).
       NotPositiveDefiniteError: if the training kernel (plus noise) cannot be factorised.
+      MemoryError: for ``method='dense'`` when the matrices it needs exceed the device's free memory.
     """
     kfn = as_kernel_callable(kernel)
     x_train = jnp.asarray(x_train)
@@ -1036,9 +1084,55 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
         raise ValueError(f"x_train must have shape (N, features...), got {x_train.shape}")
     check_finite(x_train, "x_train")
     y_train = _as_targets(y_train, x_train.shape[0])
+    method = _choose_method(method, x_train.shape[0], jnp.result_type(x_train.dtype, float), cg)
+    if method == "cg":
+        return _fit_matfree(kfn, x_train, y_train, prior, noise=noise, noise_model=noise_model,
+                            num_samples=num_samples, key=key, min_ess=min_ess, proposal=proposal,
+                            options=matfree.CG() if cg is None else cg)
     k_train = _evaluator(kfn)(x_train, None)
     post = fit_from_kernels(k_train, y_train, prior, noise=noise, noise_model=noise_model, num_samples=num_samples,
                             key=key, min_ess=min_ess, proposal=proposal)
+    return post.replace(kernel=kfn, x_train=x_train)
+
+
+# Peak device memory of the dense path, in N x N matrices: the kernel, its factor and XLA's temporaries.
+DENSE_COPIES = 5
+
+
+def _choose_method(method, n, dtype, cg):
+    if method not in ("auto", "dense", "cg"):
+        raise ValueError(f"method must be 'auto', 'dense' or 'cg', got {method!r}")
+    if cg is not None and not isinstance(cg, matfree.CG):
+        raise TypeError(f"cg must be a smnngp.matfree.CG, got {type(cg).__name__}")
+    if method == "cg":
+        return method
+    need = DENSE_COPIES * n * n * jnp.dtype(dtype).itemsize
+    free = matfree.available_memory_bytes()
+    if method == "dense":
+        if free is not None and need > free:
+            raise MemoryError(f"method='dense' needs about {need / 2**30:.1f} GiB ({DENSE_COPIES} x {n} x {n} "
+                              f"{jnp.dtype(dtype).name}) and the device has {free / 2**30:.1f} GiB free; use "
+                              "method='cg' (matrix-free) or method='auto'")
+        return method
+    return "dense" if free is None or need <= free else "cg"
+
+
+def _fit_matfree(kfn, x_train, y_train, prior, *, noise, noise_model, num_samples, key, min_ess, proposal, options):
+    """:func:`fit` by the matrix-free path: q and log|C| from one preconditioned CG run with SLQ probes."""
+    Y, common = _prepare(y_train, x_train.shape[0], prior, noise, noise_model, proposal)
+    if common["noise_model"] != "scaled":
+        raise ValueError("method='cg' supports noise_model='scaled' (conjugate in sigma^2); unscaled noise needs an "
+                         "eigendecomposition: use method='dense'")
+    if not common["noise"] > 0:
+        raise ValueError("method='cg' needs noise > 0: conjugate gradients and the preconditioner solve K + noise I")
+    op = matfree.KernelOperator(kfn, x_train, common["noise"], tile_size=options.tile_size, devices=options.devices)
+    alpha, info, est, pc = matfree.solve(op, Y, options)
+    q = jnp.sum(Y.astype(alpha.dtype) * alpha)
+    state = dict(alpha=alpha, q=q, logdet=jnp.asarray(est.value, alpha.dtype), Ft=pc.Ft, chol_m=pc.chol_m,
+                 logdet_stderr=est.stderr, cg_iterations=info.iterations, cg_residual=info.residual, cg_tol=info.tol,
+                 precond_trace_error=pc.trace_error)
+    post = _scaled_posterior(common, state, 0.0, alpha.dtype, num_samples=num_samples, key=key, min_ess=min_ess,
+                             proposal=proposal, solver=options)
     return post.replace(kernel=kfn, x_train=x_train)
 
 
@@ -1076,19 +1170,8 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
     k_train = linalg.check_square(k_train, "k_train")
     if not jnp.issubdtype(k_train.dtype, jnp.floating):
         k_train = k_train.astype(jnp.result_type(float))
-    n = k_train.shape[0]
-    y = _as_targets(y_train, n)
-    squeeze = y.ndim == 1
-    Y = y[:, None] if squeeze else y
-    n_out = Y.shape[1]
-    noise = _check_noise(noise, noise_model)
-    prior = priors.as_prior(prior)
-    if proposal not in ("prior", "likelihood"):
-        raise ValueError(f"proposal must be 'prior' or 'likelihood', got {proposal!r}")
-    if proposal == "likelihood" and noise_model != "scaled":
-        raise ValueError("proposal='likelihood' is implemented for noise_model='scaled' only; use proposal='prior'")
-    common = dict(prior=prior, noise=noise, noise_model=noise_model, n_train=n, n_out=n_out, squeeze=squeeze)
-    nc = n * n_out
+    Y, common = _prepare(y_train, k_train.shape[0], prior, noise, noise_model, proposal)
+    prior, noise = common["prior"], common["noise"]
     is_delta = priors.is_delta(prior)
 
     if noise_model == "scaled" or is_delta and noise == 0.0:
@@ -1099,27 +1182,8 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
                           "inputs); consider noise > 0", stacklevel=2)
         alpha, q, ld = _scaled_fit_stats(chol.L, Y)
         state = dict(L=chol.L, alpha=alpha, q=q, logdet=ld)
-        if is_delta:
-            s = prior.v
-            lml = _gaussian_log_ml_jit(q, ld, n, n_out, s)
-            return GaussianPosterior(log_marginal_likelihood=float(lml), jitter=chol.jitter, state=state, s=s,
-                                     **common)
-        if priors.is_inverse_gamma(prior):
-            a, b = priors.inverse_gamma_params(prior)
-            lml, a_post, b_post, df = _student_t_fit(q, ld, n, n_out, a, b)
-            return StudentTPosterior(log_marginal_likelihood=float(lml), jitter=chol.jitter, state=state,
-                                     a_post=a_post, b_post=b_post, _df=df, **common)
-        if proposal == "prior":
-            beta = _prior_samples(prior, key, num_samples, k_train.dtype)
-            log_w = scaled_log_weights(q, ld, n, n_out, beta)
-        else:
-            # The likelihood in beta is an inverse-gamma kernel, beta^{-NC/2} e^{-q/(2 beta)}; a proposal with
-            # that shape, widened (half the shape and rate: the same centre, larger spread, heavier tail), puts
-            # the samples where the posterior is. Weights: prior / proposal x likelihood.
-            prop = priors.InverseGamma(max(0.5, (nc / 2 - 1) / 2), float(q) / 4)
-            beta = _prior_samples(prop, key, num_samples, k_train.dtype)
-            log_w = scaled_log_weights(q, ld, n, n_out, beta) + prior.log_prob(beta) - prop.log_prob(beta)
-        return _importance_posterior(common, state, beta, log_w, chol.jitter, num_samples, min_ess)
+        return _scaled_posterior(common, state, chol.jitter, k_train.dtype, num_samples=num_samples, key=key,
+                                 min_ess=min_ess, proposal=proposal)
 
     # unscaled noise: one eigendecomposition, O(N) per sigma^2
     if noise == 0.0:
@@ -1134,6 +1198,20 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
     beta = _prior_samples(prior, key, num_samples, k_train.dtype)
     log_w = unscaled_log_weights(lam, ytilde**2, noise, beta)
     return _importance_posterior(common, state, beta, log_w, 0.0, num_samples, min_ess)
+
+
+def _prepare(y_train, n, prior, noise, noise_model, proposal):
+    """Checked targets as (N, C) and the fields every posterior shares."""
+    y = _as_targets(y_train, n)
+    squeeze = y.ndim == 1
+    Y = y[:, None] if squeeze else y
+    noise = _check_noise(noise, noise_model)
+    prior = priors.as_prior(prior)
+    if proposal not in ("prior", "likelihood"):
+        raise ValueError(f"proposal must be 'prior' or 'likelihood', got {proposal!r}")
+    if proposal == "likelihood" and noise_model != "scaled":
+        raise ValueError("proposal='likelihood' is implemented for noise_model='scaled' only; use proposal='prior'")
+    return Y, dict(prior=prior, noise=noise, noise_model=noise_model, n_train=n, n_out=Y.shape[1], squeeze=squeeze)
 
 
 # Compiled groups of the scalar / O(N^2) steps of fit_from_kernels (eagerly, each op would be compiled on first use).
@@ -1154,6 +1232,34 @@ def _student_t_fit(q, ld, n, n_out, a, b):
     return student_t_log_ml(q, ld, n, n_out, a, b), a + nc / 2, b + q / 2, 2 * a + nc
 
 
+def _scaled_posterior(common, state, jitter, dtype, *, num_samples, key, min_ess, proposal, solver=None):
+    """The posterior for scaled noise from ``q = tr(Y^T C^-1 Y)`` and ``log|C|`` in ``state`` (dense or
+    matrix-free alike): Gaussian for a ``Delta`` prior, Student-t for an inverse gamma, else importance-sampled."""
+    prior, n, n_out = common["prior"], common["n_train"], common["n_out"]
+    q, ld, nc = state["q"], state["logdet"], n * n_out
+    if priors.is_delta(prior):
+        s = prior.v
+        lml = _gaussian_log_ml_jit(q, ld, n, n_out, s)
+        return GaussianPosterior(log_marginal_likelihood=float(lml), jitter=jitter, state=state, s=s, solver=solver,
+                                 **common)
+    if priors.is_inverse_gamma(prior):
+        a, b = priors.inverse_gamma_params(prior)
+        lml, a_post, b_post, df = _student_t_fit(q, ld, n, n_out, a, b)
+        return StudentTPosterior(log_marginal_likelihood=float(lml), jitter=jitter, state=state, a_post=a_post,
+                                 b_post=b_post, _df=df, solver=solver, **common)
+    if proposal == "prior":
+        beta = _prior_samples(prior, key, num_samples, dtype)
+        log_w = scaled_log_weights(q, ld, n, n_out, beta)
+    else:
+        # The likelihood in beta is an inverse-gamma kernel, beta^{-NC/2} e^{-q/(2 beta)}; a proposal with
+        # that shape, widened (half the shape and rate: the same centre, larger spread, heavier tail), puts
+        # the samples where the posterior is. Weights: prior / proposal x likelihood.
+        prop = priors.InverseGamma(max(0.5, (nc / 2 - 1) / 2), float(q) / 4)
+        beta = _prior_samples(prop, key, num_samples, dtype)
+        log_w = scaled_log_weights(q, ld, n, n_out, beta) + prior.log_prob(beta) - prop.log_prob(beta)
+    return _importance_posterior(common, state, beta, log_w, jitter, num_samples, min_ess, solver=solver)
+
+
 def _prior_samples(prior, key, num_samples, dtype):
     if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
@@ -1170,7 +1276,7 @@ def _prior_samples(prior, key, num_samples, dtype):
     return beta
 
 
-def _importance_posterior(common, state, beta, log_w, jitter, num_samples, min_ess):
+def _importance_posterior(common, state, beta, log_w, jitter, num_samples, min_ess, solver=None):
     total = logsumexp(log_w)
     lml = float(total - jnp.log(log_w.shape[0]))
     log_wn = log_w - total
@@ -1185,4 +1291,4 @@ def _importance_posterior(common, state, beta, log_w, jitter, num_samples, min_e
     keep = np.asarray(log_wn > _PRUNE_LOG_WEIGHT)
     return ImportancePosterior(log_marginal_likelihood=lml, jitter=jitter, state=state, beta=beta[keep],
                                log_w=log_wn[keep] - logsumexp(log_wn[keep]), _ess=ess,
-                               _num_samples=int(log_w.shape[0]), **common)
+                               _num_samples=int(log_w.shape[0]), solver=solver, **common)

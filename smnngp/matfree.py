@@ -1,0 +1,571 @@
+"""Matrix-free exact GP linear algebra: solves and log-determinants of ``K + s I`` without forming it.
+
+The dense path (:mod:`smnngp.linalg`) factorises the N x N training kernel; its memory grows as N^2 and stops at
+the size of one device. This module never holds the matrix. Everything is built from products ``(K + s I) V``
+computed tile by tile: the kernel is evaluated on a (T, T) tile, multiplied into the matching rows of ``V`` and
+discarded, so memory is O(N m + T^2) for ``m`` right-hand sides and time O(N^2 (d + m)) per product (``d`` the cost
+of one kernel entry). The row tiles are spread over devices with ``jax.shard_map`` (each device owns a block of
+rows and sees all columns), so one call uses every local device, and every device of a ``jax.distributed`` cluster
+when given the global device list.
+
+On these products (Gardner et al., NeurIPS 2018; Wang et al., NeurIPS 2019):
+
+* **preconditioner**: a rank-r pivoted Cholesky factor ``K ~ F F^T`` (greedy on the largest remaining diagonal
+  entry, r kernel rows, O(N r^2)), giving ``P = F F^T + s I`` with ``P^{-1}`` by the Woodbury identity and
+  ``log|P| = (N - r) log s + log|s I_r + F^T F|`` by the determinant lemma;
+* **solves**: preconditioned conjugate gradients on many right-hand sides at once (one kernel pass per
+  iteration for all of them), each column stopped when its relative residual ``|b - A x| / |b|`` reaches ``tol``;
+* **log-determinant**: stochastic Lanczos quadrature. Probes ``z ~ N(0, P)`` ride along in the same CG run;
+  CG's step sizes give, per probe, the Lanczos tridiagonal ``T`` of ``P^{-1/2} A P^{-1/2}`` started at
+  ``w = P^{-1/2} z`` (``w ~ N(0, I)``), and ``w^T log(P^{-1/2} A P^{-1/2}) w ~ |w|^2 e1^T log(T) e1``.
+  So ``log|A| = log|P| + tr log(P^{-1} A)`` is estimated without bias (up to quadrature error, which vanishes as
+  CG converges) with a standard error from the spread over probes, reported beside the value. A good
+  preconditioner makes ``P^{-1} A`` close to I and the estimate close to exact.
+
+:func:`solve` runs the lot for the posteriors in `smnngp.posterior` (``fit(..., method='cg')``); :class:`CG`
+holds its settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec
+
+from smnngp._checks import check_finite
+
+__all__ = [
+    "CG",
+    "ConvergenceWarning",
+    "KernelOperator",
+    "PivotedCholesky",
+    "SolveInfo",
+    "LogdetEstimate",
+    "pivoted_cholesky",
+    "cg",
+    "solve",
+    "available_memory_bytes",
+]
+
+
+class ConvergenceWarning(UserWarning):
+    """Conjugate gradients stopped at ``max_iter`` with a residual above its tolerance."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CG:
+    """Settings of the matrix-free path (hashable: a posterior keeps them as static data).
+
+    Attributes:
+        tol: relative residual ``|b - A x| / |b|`` at which a column's solve stops (``None``: 1e-6 in float64,
+            1e-4 in float32, about what each precision's CG reaches).
+        max_iter: most CG iterations; a solve that stops there above ``tol`` warns (:class:`ConvergenceWarning`).
+        precond_rank: rank r of the pivoted-Cholesky preconditioner (0: plain CG).
+        num_probes: Gaussian probes of the stochastic log-determinant (at least 2, for its standard error).
+        tile_size: rows per kernel tile (``None``: chosen from N, at most 2048); memory per device is about
+            ``tile_size^2`` kernel entries plus the kernel's own intermediates on one tile.
+        devices: the devices the row tiles are spread over (``None``: all local devices); pass the global
+            ``jax.devices()`` on a ``jax.distributed`` cluster.
+        seed: seed of the probes (the estimate is a fixed function of it).
+    """
+
+    tol: float | None = None
+    max_iter: int = 1000
+    precond_rank: int = 100
+    num_probes: int = 16
+    tile_size: int | None = None
+    devices: tuple | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.tol is not None and not (isinstance(self.tol, (int, float)) and math.isfinite(self.tol)
+                                         and self.tol > 0):
+            raise ValueError(f"CG: tol must be a positive finite number (or None), got {self.tol!r}")
+        for name, low in (("max_iter", 1), ("precond_rank", 0), ("num_probes", 2)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValueError(f"CG: {name} must be an integer >= {low}, got {value!r}")
+        if self.tile_size is not None and (not isinstance(self.tile_size, (int, np.integer)) or self.tile_size < 1):
+            raise ValueError(f"CG: tile_size must be a positive integer (or None), got {self.tile_size!r}")
+        if self.devices is not None:
+            object.__setattr__(self, "devices", tuple(self.devices))
+
+    def tolerance(self, dtype) -> float:
+        """The relative residual tolerance for ``dtype`` (the default depends on the precision)."""
+        if self.tol is not None:
+            return float(self.tol)
+        return 1e-6 if jnp.dtype(dtype).itemsize >= 8 else 1e-4
+
+
+class SolveInfo(NamedTuple):
+    """How a CG solve went: ``iterations`` run, worst relative ``residual`` over the columns, ``converged``."""
+
+    iterations: int
+    residual: float
+    converged: bool
+    tol: float
+
+
+class LogdetEstimate(NamedTuple):
+    """Stochastic log-determinant ``value`` with its ``stderr`` (from the spread over ``num_probes`` probes)."""
+
+    value: float
+    stderr: float
+    num_probes: int
+    lanczos_steps: int
+    logdet_precond: float
+
+
+def available_memory_bytes(device=None) -> int | None:
+    """Free memory of ``device`` (default: the first local device) in bytes, ``None`` when it cannot be told.
+
+    An accelerator reports ``bytes_limit - bytes_in_use``; the CPU the host's available physical memory.
+
+    Args:
+        device: a ``jax.Device`` (``None``: ``jax.local_devices()[0]``).
+
+    Returns:
+        Bytes free, or ``None``.
+    """
+    device = jax.local_devices()[0] if device is None else device
+    try:
+        stats = device.memory_stats()
+    except (AttributeError, NotImplementedError, RuntimeError):  # pragma: no cover - backend dependent
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    if device.platform == "cpu":
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+            return None
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The operator
+
+
+def _split_kernel(kernel) -> tuple[Callable, Any]:
+    """``(fn, params)`` with ``kernel(x1, x2) = fn(params, x1, x2)``: a `ParametricKernel`'s hyperparameters
+    are traced arguments (its arrays are not hashable); any other callable is closed over."""
+    from smnngp.kernels import ParametricKernel
+
+    if isinstance(kernel, ParametricKernel):
+        return kernel.apply, kernel.theta
+    return _Closed(kernel), ()
+
+
+class _Closed:
+    """``fn(params, x1, x2) = kernel(x1, x2)``, hashable by the kernel's identity (a static jit argument)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __call__(self, params, x1, x2=None):
+        return self.kernel(x1, x2)
+
+    def __hash__(self):
+        return hash(id(self.kernel))
+
+    def __eq__(self, other):
+        return isinstance(other, _Closed) and other.kernel is self.kernel
+
+
+class KernelOperator:
+    """``A = k(X, X) + shift I`` as a linear operator: products by tiles recomputed on the fly.
+
+    Args:
+        kernel: ``k(x1, x2=None) -> (N1, N2)`` (a stax ``kernel_fn`` wrapped by
+            `smnngp.posterior.as_kernel_callable`, a `ParametricKernel`, any traceable callable). A diagonal
+            tile is evaluated as ``k(x_i, None)``, as the dense kernel would be.
+        x: training inputs, (N, features...).
+        shift: the added diagonal ``s >= 0`` (the noise).
+        tile_size: rows per tile (``None``: ``min(N, 2048)`` rounded so the tiles split N evenly).
+        devices: devices the row tiles are spread over (``None``: all local devices).
+
+    Raises:
+        ValueError: if ``x`` has no feature axis or non-finite entries, or ``shift`` is negative or not finite.
+    """
+
+    def __init__(self, kernel, x, shift=0.0, *, tile_size: int | None = None, devices=None):
+        x = jnp.asarray(x)
+        if x.ndim < 2:
+            raise ValueError(f"KernelOperator: x must have shape (N, features...), got {x.shape}")
+        check_finite(x, "x", "KernelOperator")
+        shift = float(shift)
+        if not (math.isfinite(shift) and shift >= 0):
+            raise ValueError(f"KernelOperator: shift must be non-negative and finite, got {shift}")
+        self.kernel, self.x, self.shift = kernel, x, shift
+        self.fn, self.params = _split_kernel(kernel)
+        devs = tuple(jax.local_devices() if devices is None else devices)
+        self.mesh = Mesh(np.array(devs), ("rows",))
+        n = x.shape[0]
+        t = min(n, 2048) if tile_size is None else min(int(tile_size), n)
+        t = -(-n // -(-n // t))  # the smallest tile that covers N with as many tiles
+        # every device the same number of row tiles; the extra tiles are padding (zero rows of every product), so
+        # the tiling, and with it every sum, is the same on one device and on many
+        nb = -(-(-(-n // t)) // len(devs)) * len(devs)
+        self.tile, self.num_tiles = t, nb
+        pad = nb * t - n
+        xp = jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]) if pad else x
+        self.blocks = xp.reshape((nb, t) + x.shape[1:])
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def dtype(self):
+        return jnp.result_type(self.x.dtype, float)
+
+    def _static(self):
+        return self.fn, self.mesh, self.n
+
+    def matmul(self, v) -> jax.Array:
+        """``A v`` for ``v`` of shape (N,) or (N, m), in the dtype of the kernel."""
+        v = jnp.asarray(v)
+        vec = v.ndim == 1
+        out = _matmul(*self._static(), self.params, self.blocks, v[:, None] if vec else v, self.shift)
+        return out[:, 0] if vec else out
+
+    def diag(self) -> jax.Array:
+        """``k(x_i, x_i) + shift`` for every training point, (N,)."""
+        return _diag(self.fn, self.n, self.params, self.blocks) + self.shift
+
+    def cross_matmul(self, x_test, v) -> jax.Array:
+        """``k(x_test, X) v`` by column tiles, (L, m) (the predictive mean without forming the (L, N) matrix)."""
+        x_test = jnp.asarray(x_test)
+        return _cross_matmul(self.fn, self.n, self.params, self.blocks, x_test, v)
+
+
+def _pad_rows(v, rows):
+    pad = rows - v.shape[0]
+    return jnp.pad(v, ((0, pad), (0, 0))) if pad else v
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _matmul(fn, mesh, n, params, blocks, v, shift):
+    return _matmul_traced(fn, mesh, n, params, blocks, v, shift)
+
+
+def _matmul_traced(fn, mesh, n, params, blocks, v, shift):
+    """``(k(X, X) + shift I) v`` inside a trace: row tiles by ``shard_map`` over the mesh, column tiles by scan."""
+    nb, t = blocks.shape[:2]
+    m = v.shape[1]
+    dtype = jnp.result_type(v.dtype, blocks.dtype, float)
+    vb = _pad_rows(v.astype(dtype), nb * t).reshape(nb, t, m)
+
+    def local(rows, ids, blocks, vb, params):
+        def one_row(args):
+            xi, i = args
+
+            def body(acc, col):
+                xj, vj, j = col
+                kij = lax.cond(i == j, lambda: fn(params, xi, None), lambda: fn(params, xi, xj))
+                return acc + kij.astype(dtype) @ vj, None
+
+            acc, _ = lax.scan(body, jnp.zeros((t, m), dtype), (blocks, vb, jnp.arange(nb)))
+            return acc
+
+        return lax.map(one_row, (rows, ids))
+
+    spec_rows, rep = PartitionSpec("rows"), PartitionSpec()
+    out = jax.shard_map(local, mesh=mesh, in_specs=(spec_rows, spec_rows, rep, rep, rep), out_specs=spec_rows,
+                        check_vma=False)(blocks, jnp.arange(nb), blocks, vb, params)
+    return out.reshape(nb * t, m)[:n] + shift * v.astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _diag(fn, n, params, blocks):
+    one = jax.vmap(lambda xi: fn(params, xi[None], None)[0, 0])
+    return lax.map(one, blocks).reshape(-1)[:n]
+
+
+def _row_traced(fn, n, params, blocks, point):
+    """``k(point, X)``, (N,), by column tiles."""
+    return lax.map(lambda xj: fn(params, point[None], xj)[0], blocks).reshape(-1)[:n]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _cross_matmul(fn, n, params, blocks, x_test, v):
+    nb, t = blocks.shape[:2]
+    vb = _pad_rows(v, nb * t).reshape(nb, t, v.shape[1])
+
+    def body(acc, col):
+        xj, vj = col
+        return acc + fn(params, x_test, xj) @ vj, None
+
+    out, _ = lax.scan(body, jnp.zeros((x_test.shape[0], v.shape[1]), v.dtype), (blocks, vb))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Preconditioner
+
+
+class PivotedCholesky(NamedTuple):
+    """``P = F F^T + shift I`` from a rank-r pivoted Cholesky factor ``F`` (held transposed, ``Ft``: (r, N)).
+
+    ``chol_m`` is the Cholesky factor of ``shift I_r + Ft Ft^T``; ``trace_error`` is ``tr(K - F F^T)``, what the
+    factor leaves out; ``pivots`` the rows chosen.
+    """
+
+    Ft: jax.Array
+    chol_m: jax.Array
+    shift: float
+    trace_error: float
+    pivots: jax.Array
+
+    def solve(self, v) -> jax.Array:
+        """``P^{-1} v`` (Woodbury), ``v`` of shape (N, m)."""
+        return _precond_solve(self.Ft, self.chol_m, self.shift, v)
+
+    def logdet(self) -> float:
+        """``log|P| = (N - r) log(shift) + log|shift I_r + Ft Ft^T|``."""
+        r, n = self.Ft.shape
+        return float((n - r) * math.log(self.shift) + 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol_m))))
+
+    def sample(self, key, m: int) -> jax.Array:
+        """``m`` draws of ``z ~ N(0, P)``, (N, m): ``F e1 + sqrt(shift) e2``."""
+        r, n = self.Ft.shape
+        k1, k2 = jax.random.split(key)
+        e1 = jax.random.normal(k1, (r, m), self.Ft.dtype)
+        e2 = jax.random.normal(k2, (n, m), self.Ft.dtype)
+        return self.Ft.T @ e1 + math.sqrt(self.shift) * e2
+
+
+def _precond_solve(Ft, chol_m, shift, v):
+    if Ft.shape[0] == 0:
+        return v / shift
+    w = jax.scipy.linalg.cho_solve((chol_m, True), Ft @ v)
+    return (v - Ft.T @ w) / shift
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _pivoted_cholesky(fn, n, rank, params, blocks, diag):
+    dtype = diag.dtype
+    flat = blocks.reshape((-1,) + blocks.shape[2:])
+    scale = jnp.sum(diag)
+
+    def body(m, carry):
+        Ft, d, piv = carry
+        p = jnp.argmax(d).astype(jnp.int32)
+        dp = d[p]
+        row = _row_traced(fn, n, params, blocks, flat[p]).astype(dtype)
+        ok = dp > 1e3 * jnp.finfo(dtype).eps * scale / n  # numerically exhausted: the rest of the factor is zero
+        new = jnp.where(ok, (row - Ft[:, p] @ Ft) / jnp.sqrt(jnp.where(ok, dp, 1.0)), 0.0)
+        Ft = Ft.at[m].set(new)
+        d = jnp.clip(d - new**2, 0.0, None).at[p].set(0.0)
+        return Ft, d, piv.at[m].set(p)
+
+    Ft, d, piv = lax.fori_loop(0, rank, body, (jnp.zeros((rank, n), dtype), diag, jnp.zeros(rank, jnp.int32)))
+    return Ft, jnp.sum(d), piv
+
+
+def pivoted_cholesky(op: KernelOperator, rank: int) -> PivotedCholesky:
+    """Greedy rank-``rank`` pivoted Cholesky of ``k(X, X)`` and the preconditioner ``P = F F^T + shift I``.
+
+    At each step the point with the largest remaining diagonal ``d_p`` is pivoted; its kernel row ``k(x_p, X)``
+    (one row, by column tiles) gives the new column ``(k(x_p, X) - F F[p]^T) / sqrt(d_p)``. Cost: ``rank`` kernel
+    rows and O(N rank^2) flops; memory (rank, N).
+
+    Args:
+        op: the operator (its ``shift`` must be positive: the preconditioner is ``F F^T + shift I``).
+        rank: number of pivots, ``0 <= rank`` (capped at N).
+
+    Returns:
+        :class:`PivotedCholesky`.
+
+    Raises:
+        ValueError: if ``op.shift`` is not positive or ``rank`` is negative.
+    """
+    if not op.shift > 0:
+        raise ValueError("pivoted_cholesky: the preconditioner F F^T + shift I needs shift > 0 (the noise)")
+    if rank < 0:
+        raise ValueError(f"pivoted_cholesky: rank must be >= 0, got {rank}")
+    rank = min(int(rank), op.n)
+    diag = op.diag() - op.shift
+    Ft, err, piv = _pivoted_cholesky(op.fn, op.n, rank, op.params, op.blocks, diag)
+    m = op.shift * jnp.eye(rank, dtype=Ft.dtype) + Ft @ Ft.T
+    return PivotedCholesky(Ft, jnp.linalg.cholesky(m), op.shift, float(err), piv)
+
+
+# --------------------------------------------------------------------------------------------
+# Conjugate gradients on many right-hand sides, with the Lanczos coefficients
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _pcg(fn, mesh, n, max_iter, params, blocks, shift, Ft, chol_m, pshift, B, tol):
+    def matmul(v):
+        return _matmul_traced(fn, mesh, n, params, blocks, v, shift)
+
+    def precond(v):
+        return _precond_solve(Ft, chol_m, pshift, v)
+
+    m = B.shape[1]
+    bnorm = jnp.linalg.norm(B, axis=0)
+    safe_b = jnp.where(bnorm > 0, bnorm, 1.0)
+    Z = precond(B)
+    rz = jnp.sum(B * Z, axis=0)
+    done = bnorm == 0
+    zeros_hist = jnp.zeros((max_iter, m), B.dtype)
+    init = (0, jnp.zeros_like(B), B, Z, rz, rz, done, jnp.zeros(m, jnp.int32), jnp.where(done, 0.0, 1.0),
+            zeros_hist, zeros_hist)
+
+    def cond(state):
+        k, *_, done, _, _, _, _ = state
+        return (k < max_iter) & ~jnp.all(done)
+
+    def body(state):
+        k, X, R, P, rz, rz0, done, iters, res, alphas, betas = state
+        AP = matmul(P)
+        pap = jnp.sum(P * AP, axis=0)
+        alpha = jnp.where(done | (pap <= 0), 0.0, rz / jnp.where(pap > 0, pap, 1.0))
+        X = X + alpha * P
+        R = R - alpha * AP
+        Z = precond(R)
+        rz_new = jnp.sum(R * Z, axis=0)
+        beta = jnp.where(done, 0.0, rz_new / jnp.where(rz > 0, rz, 1.0))
+        res_new = jnp.linalg.norm(R, axis=0) / safe_b
+        alphas = alphas.at[k].set(alpha)
+        betas = betas.at[k].set(beta)
+        iters = jnp.where(done, iters, k + 1)
+        res = jnp.where(done, res, res_new)
+        done = done | (res_new <= tol) | (pap <= 0)
+        return k + 1, X, R, Z + beta * P, rz_new, rz0, done, iters, res, alphas, betas
+
+    k, X, _, _, _, rz0, done, iters, res, alphas, betas = lax.while_loop(cond, body, init)
+    return X, k, iters, res, alphas, betas, rz0
+
+
+def cg(op: KernelOperator, B, *, precond: PivotedCholesky | None = None, tol: float = 1e-6,
+       max_iter: int = 1000) -> tuple[jax.Array, SolveInfo]:
+    """Solve ``A X = B`` by preconditioned conjugate gradients, all columns in one run.
+
+    Args:
+        op: the operator ``A = K + shift I`` (positive definite: ``shift > 0``, or ``K`` itself positive definite).
+        B: right-hand sides, (N,) or (N, m).
+        precond: a :class:`PivotedCholesky` of the same operator (``None``: ``P = shift I``, plain CG).
+        tol: relative residual ``|b - A x| / |b|`` at which a column stops.
+        max_iter: most iterations.
+
+    Returns:
+        ``(X, info)``: the solution (shape of ``B``) and a :class:`SolveInfo`. It warns
+        (:class:`ConvergenceWarning`) when a column stops at ``max_iter`` above ``tol``.
+
+    Raises:
+        ValueError: if ``B`` does not have N rows or has non-finite entries, ``tol`` is not positive or
+            ``max_iter < 1``.
+    """
+    B = jnp.asarray(B)
+    vec = B.ndim == 1
+    B2 = B[:, None] if vec else B
+    X, info, *_ = _run_pcg(op, B2, precond, tol, max_iter, what="solve")
+    return (X[:, 0] if vec else X), info
+
+
+def _check_solve_args(op, B, tol, max_iter):
+    if B.ndim != 2 or B.shape[0] != op.n:
+        raise ValueError(f"cg: right-hand sides must have shape ({op.n},) or ({op.n}, m), got {B.shape}")
+    check_finite(B, "right-hand sides", "cg")
+    if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
+        raise ValueError(f"cg: tol must be a positive finite number, got {tol!r}")
+    if not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ValueError(f"cg: max_iter must be a positive integer, got {max_iter!r}")
+
+
+def _run_pcg(op, B, precond, tol, max_iter, *, what, check_cols=None):
+    _check_solve_args(op, B, tol, max_iter)
+    dtype = op.dtype
+    B = B.astype(dtype)
+    if precond is None:  # P = I: plain CG
+        Ft, chol_m, pshift = jnp.zeros((0, op.n), dtype), jnp.zeros((0, 0), dtype), 1.0
+    else:
+        if precond.Ft.shape[1] != op.n:
+            raise ValueError(f"cg: the preconditioner is for N = {precond.Ft.shape[1]}, the operator has N = {op.n}")
+        Ft, chol_m, pshift = precond.Ft.astype(dtype), precond.chol_m.astype(dtype), precond.shift
+    X, k, iters, res, alphas, betas, rz0 = _pcg(op.fn, op.mesh, op.n, int(max_iter), op.params, op.blocks,
+                                                jnp.asarray(op.shift, dtype), Ft, chol_m, jnp.asarray(pshift, dtype),
+                                                B, jnp.asarray(tol, dtype))
+    cols = slice(None) if check_cols is None else check_cols
+    worst = float(jnp.max(res[cols])) if res[cols].size else 0.0
+    info = SolveInfo(int(jnp.max(iters[cols])) if iters[cols].size else 0, worst, worst <= tol, float(tol))
+    if not info.converged:
+        warnings.warn(f"{what}: conjugate gradients stopped after {max_iter} iterations at relative residual "
+                      f"{worst:.3g} > tol {tol:.3g}; raise max_iter or precond_rank", ConvergenceWarning,
+                      stacklevel=3)
+    return X, info, iters, alphas, betas, rz0
+
+
+def _slq(iters, alphas, betas, rz0):
+    """``|w|^2 e1^T log(T) e1`` per probe, from CG's coefficients (host side, small matrices)."""
+    iters = np.asarray(iters)
+    alphas, betas, rz0 = np.asarray(alphas, float), np.asarray(betas, float), np.asarray(rz0, float)
+    out = np.empty(iters.shape[0])
+    for i, k in enumerate(iters):
+        k = int(k)
+        if k == 0:
+            out[i] = 0.0
+            continue
+        a, b = alphas[:k, i], betas[:k, i]
+        diag = 1.0 / a
+        diag[1:] += b[:-1] / a[:-1]
+        off = np.sqrt(np.clip(b[:-1], 0.0, None)) / a[:-1]
+        T = np.diag(diag) + np.diag(off, 1) + np.diag(off, -1)
+        theta, U = np.linalg.eigh(T)
+        out[i] = rz0[i] * np.sum(U[0] ** 2 * np.log(np.clip(theta, 1e-300, None)))
+    return out
+
+
+def solve(op: KernelOperator, Y, options: CG = CG(), *, logdet: bool = True):
+    """``A^{-1} Y`` and, optionally, a stochastic ``log|A|``: the fit of a matrix-free posterior.
+
+    One CG run solves for ``Y`` and the ``num_probes`` probes together; the preconditioner is a pivoted
+    Cholesky of rank ``options.precond_rank``.
+
+    Args:
+        op: the operator ``A = K + shift I`` with ``shift > 0``.
+        Y: (N, C) right-hand sides.
+        options: a :class:`CG`.
+        logdet: whether to estimate ``log|A|`` (adds ``num_probes`` columns to the run).
+
+    Returns:
+        ``(alpha, info, estimate, precond)``: ``A^{-1} Y`` (N, C), the :class:`SolveInfo` of the ``Y`` columns,
+        a :class:`LogdetEstimate` (``None`` without ``logdet``) and the :class:`PivotedCholesky` used.
+
+    Raises:
+        ValueError: if ``op.shift`` is not positive or ``Y`` does not match the operator.
+    """
+    if not op.shift > 0:
+        raise ValueError("the matrix-free path needs noise > 0: CG and its preconditioner solve K + noise I")
+    Y = jnp.asarray(Y, op.dtype)
+    if Y.ndim != 2 or Y.shape[0] != op.n:
+        raise ValueError(f"solve: Y must have shape ({op.n}, C), got {Y.shape}")
+    pc = pivoted_cholesky(op, options.precond_rank)
+    tol = options.tolerance(op.dtype)
+    c = Y.shape[1]
+    B = Y
+    if logdet:
+        probes = pc.sample(jax.random.PRNGKey(options.seed), options.num_probes).astype(op.dtype)
+        B = jnp.concatenate([Y, probes], axis=1)
+    X, info, iters, alphas, betas, rz0 = _run_pcg(op, B, pc, tol, options.max_iter, what="matrix-free solve",
+                                                  check_cols=slice(0, c))
+    estimate = None
+    if logdet:
+        per_probe = _slq(iters[c:], alphas[:, c:], betas[:, c:], rz0[c:])
+        ld_p = pc.logdet()
+        t = per_probe.shape[0]
+        estimate = LogdetEstimate(float(ld_p + per_probe.mean()), float(per_probe.std(ddof=1) / math.sqrt(t)), t,
+                                  int(np.max(np.asarray(iters[c:]))), ld_p)
+    return X[:, :c], info, estimate, pc
