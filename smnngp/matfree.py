@@ -215,7 +215,7 @@ class KernelOperator:
         t = -(-n // -(-n // t))  # the smallest tile that covers N with as many tiles
         # every device the same number of row tiles; the extra tiles are padding (zero rows of every product), so
         # the tiling, and with it every sum, is the same on one device and on many
-        nb = -(-(-(-n // t)) // len(devs)) * len(devs)
+        nb = math.ceil(math.ceil(n / t) / len(devs)) * len(devs)
         self.tile, self.num_tiles = t, nb
         pad = nb * t - n
         xp = jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]) if pad else x

@@ -15,7 +15,6 @@ import sys
 import textwrap
 import warnings
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
