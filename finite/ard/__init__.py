@@ -60,14 +60,18 @@ Each module lists its public names in ``__all__``; this package exports their un
 """
 
 from finite.ard import _algorithm, _density, _hessians, _laplace, _network, _prior, _simulation
-from finite.ard._algorithm import *  # noqa: F403
-from finite.ard._density import *  # noqa: F403
-from finite.ard._hessians import *  # noqa: F403
-from finite.ard._hessians import _gershgorin_psd as _gershgorin_psd  # tests/test_ard.py checks it
-from finite.ard._laplace import *  # noqa: F403
+
+# isort: off
+# source order of the pieces (the API page lists the members in this order)
 from finite.ard._network import *  # noqa: F403
 from finite.ard._prior import *  # noqa: F403
+from finite.ard._hessians import *  # noqa: F403
+from finite.ard._algorithm import *  # noqa: F403
+from finite.ard._laplace import *  # noqa: F403
 from finite.ard._simulation import *  # noqa: F403
+from finite.ard._density import *  # noqa: F403
+# isort: on
+from finite.ard._hessians import _gershgorin_psd as _gershgorin_psd  # tests/test_ard.py checks it
 
 _MODULES = (_network, _prior, _hessians, _algorithm, _laplace, _simulation, _density)
 __all__ = [name for module in _MODULES for name in module.__all__]

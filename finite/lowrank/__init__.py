@@ -86,17 +86,22 @@ from finite.lowrank import (
     _transformer,
     _validation,
 )
+
+# isort: off
+# source order of the pieces (the API page lists the members in this order)
+from finite.lowrank._validation import *  # noqa: F403
+from finite.lowrank._meanfield import *  # noqa: F403
+from finite.lowrank._pytrees import *  # noqa: F403
 from finite.lowrank._dense import *  # noqa: F403
 from finite.lowrank._embedding import *  # noqa: F403
-from finite.lowrank._lstm import *  # noqa: F403
-from finite.lowrank._meanfield import *  # noqa: F403
 from finite.lowrank._networks import *  # noqa: F403
-from finite.lowrank._paper import *  # noqa: F403
-from finite.lowrank._pytrees import *  # noqa: F403
-from finite.lowrank._training import *  # noqa: F403
+from finite.lowrank._lstm import *  # noqa: F403
 from finite.lowrank._transformer import *  # noqa: F403
+from finite.lowrank._paper import *  # noqa: F403
+from finite.lowrank._training import *  # noqa: F403
+# isort: on
+# a public name of the module before the split (not in __all__)
 from finite.lowrank._transformer import sinusoidal_positions as sinusoidal_positions
-from finite.lowrank._validation import *  # noqa: F403
 
 _MODULES = (_validation, _meanfield, _pytrees, _dense, _embedding, _networks, _lstm, _transformer, _paper, _training)
 __all__ = [name for module in _MODULES for name in module.__all__]
