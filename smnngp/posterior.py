@@ -696,14 +696,7 @@ class Posterior:
         if k_test_train is None:
             if self.kernel is None:
                 raise ValueError("this posterior was fitted from kernel matrices: pass k_test_train (and k_test_test)")
-            if x_test is None:
-                raise ValueError("pass x_test (or k_test_train)")
-            x_test = jnp.asarray(x_test)
-            if x_test.shape[1:] != jnp.shape(self.x_train)[1:]:
-                raise ValueError(
-                    f"x_test has per-point shape {x_test.shape[1:]} but x_train has {jnp.shape(self.x_train)[1:]}"
-                )
-            check_finite(x_test, "x_test")
+            x_test = self._check_x_test(x_test)
             kernel = _evaluator(self.kernel)
             k_test_train = kernel(x_test, self.x_train)
             if full_cov:
@@ -729,6 +722,43 @@ class Posterior:
         check_finite(k_test_test, "k_test_test")
         return k_test_train, k_test_test
 
+    def _check_x_test(self, x_test):
+        if x_test is None:
+            raise ValueError("pass x_test (or k_test_train)")
+        x_test = jnp.asarray(x_test)
+        if x_test.shape[1:] != jnp.shape(self.x_train)[1:]:
+            raise ValueError(
+                f"x_test has per-point shape {x_test.shape[1:]} but x_train has {jnp.shape(self.x_train)[1:]}"
+            )
+        check_finite(x_test, "x_test")
+        return x_test
+
+    def _operator(self):
+        opts = self._solver
+        return matfree.KernelOperator(self.kernel, self.x_train, float(self.noise), tile_size=opts.tile_size,
+                                      devices=opts.devices)
+
+    def _matfree_marginals(self, x_test):
+        """Mean and variance at the test points without the (L, N) cross-kernel where it can be avoided: the
+        mean ``k*x alpha`` by column tiles; the variance by CG solves (``variance='solve'``) or LOVE."""
+        x_test = self._check_x_test(x_test)
+        if self._solver.variance == "solve":
+            kxt, kxx = self._test_kernels(x_test, None, None, full_cov=False)
+            return self._latent(kxt, kxx, False)
+        op = self._operator()
+        kxx = _evaluator(self.kernel).diag(x_test)
+        check_finite(kxx, "k_test_test")
+        mean = op.cross_matmul(x_test, self._state["alpha"])
+        st = self._state
+        pc = matfree.PivotedCholesky(st["Ft"], st["chol_m"], float(self.noise), float(st["precond_trace_error"]), None)
+        var = kxx - matfree.love_variance_reduction(op, x_test, self._solver.love_rank, pc)
+        bad = int(jnp.sum(var <= 0))
+        if bad:
+            warnings.warn(f"LOVE variances fell to zero at {bad} of {var.shape[0]} test points (the Krylov space of "
+                          "love_rank steps with this preconditioner is too small); raise love_rank or precond_rank, "
+                          "or use CG(variance='solve')", matfree.ConvergenceWarning, stacklevel=4)
+        return mean, jnp.clip(var, 0.0, None)
+
     def _latent(self, kxt, kxx, full_cov):
         """Gaussian conditional pieces for scaled noise: mean (L, C), covariance S* (diag or full)."""
         st = self._state
@@ -743,10 +773,8 @@ class Posterior:
             raise TypeError("a matrix-free posterior (method='cg') predicts outside jit/vmap: its solves run "
                             "conjugate gradients with host-side convergence checks")
         st, opts = self._state, self._solver
-        op = matfree.KernelOperator(self.kernel, self.x_train, float(self.noise), tile_size=opts.tile_size,
-                                    devices=opts.devices)
-        pc = matfree.PivotedCholesky(st["Ft"], st["chol_m"], float(self.noise), float(st["precond_trace_error"]),
-                                     None)
+        op = self._operator()
+        pc = matfree.PivotedCholesky(st["Ft"], st["chol_m"], float(self.noise), float(st["precond_trace_error"]), None)
         v, _ = matfree.cg(op, kxt.T, precond=pc, tol=opts.tolerance(op.dtype), max_iter=opts.max_iter)
         mean = kxt @ st["alpha"]
         if full_cov:
@@ -771,10 +799,13 @@ class Posterior:
             if (hit is not None and hit[0].shape == x.shape and hit[0].dtype == x.dtype
                     and np.array_equal(np.asarray(hit[0]), np.asarray(x))):
                 return hit[1]
-        kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
-        if self.noise_model == "scaled":
+        if self._solver is not None and k_test_train is None:
+            pieces = self._matfree_marginals(x_test)
+        elif self.noise_model == "scaled":
+            kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
             pieces = self._latent(kxt, kxx, False)
         else:
+            kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
             st = self._state
             lam, U, yt = st["lam"], st["U"], st["ytilde"]
             beta = self._scale_samples()[0]

@@ -155,6 +155,22 @@ def test_matrix_free_fit_at_a_modest_preconditioner_reports_its_error(data):
     assert abs(mf.log_marginal_likelihood - dense.log_marginal_likelihood) < 5 * 0.5 * d["logdet_stderr"] + 1e-6
 
 
+def test_love_variances_are_exact_at_full_rank_and_improve_with_rank(data):
+    x, y = data
+    x_test = np.random.default_rng(5).normal(size=(7, 3))
+    kernel = kernels.rbf(0.7, 1.3)
+    dense = posterior.fit(kernel, x, y, priors.InverseGamma(2.0, 1.5), noise=0.05, method="dense")
+    ref = np.asarray(dense.predict(x_test, noisy=False).variance)
+    errs = []
+    for rank in (30, 60, x.shape[0]):
+        post = posterior.fit(kernel, x, y, priors.InverseGamma(2.0, 1.5), noise=0.05, method="cg",
+                             cg=matfree.CG(tol=1e-10, precond_rank=100, variance="love", love_rank=rank))
+        p = post.predict(x_test, noisy=False)
+        np.testing.assert_allclose(np.asarray(p.mean), np.asarray(dense.predict(x_test).mean), rtol=1e-8, atol=1e-9)
+        errs.append(float(np.max(np.abs(np.asarray(p.variance) - ref) / ref)))
+    assert errs[2] < 1e-8 and errs[1] < 1e-2 and errs[0] > errs[1], errs
+
+
 def test_auto_chooses_by_memory_and_dense_refuses_what_does_not_fit(data, monkeypatch):
     x, y = data
     kernel = kernels.rbf(0.7, 1.3)
