@@ -282,8 +282,10 @@ def test_chunk_program_equals_single_steps_and_stops_at_overflow(monkeypatch):
         return original(self, *a)
 
     monkeypatch.setattr(type(sampler), "step_chains", counting)
+    # chunk=8 with the same sampler: its first chunk runs the length-8 (16, 16) program compiled above (another
+    # chunk length would compile a program of its own, ~40 s of a 2-core CPU)
     res = sample(sampler, jax.random.PRNGKey(1), num_chains=2, num_burnin=4, num_samples=2, thinning=3,
-                 progress=False, chunk=5, compact=True)  # this narrow net is compacted only when asked to
+                 progress=False, chunk=8, compact=True)  # this narrow net is compacted only when asked to
     assert res.iterations == 10 and redo["n"] > 0 and not res.traces["overflow"].any()
     assert res.draws["sigma2"].shape == (2, 2)
 
