@@ -179,7 +179,36 @@ class _KernelEvaluator:
         return _kernel_diag(self.kernel, x)
 
 
-_evaluator = _cached_per_object(_KernelEvaluator)
+_cached_evaluator = _cached_per_object(_KernelEvaluator)
+
+
+@functools.lru_cache(maxsize=64)
+def _parametric_jits(apply):
+    """Jitted ``apply(theta, x1, x2)`` and its diagonal, one pair per ``apply`` (theta is an argument)."""
+    return (jax.jit(lambda theta, x1, x2: apply(theta, x1, x2)),
+            jax.jit(jax.vmap(lambda theta, xi: apply(theta, xi[None], xi[None])[0, 0], in_axes=(None, 0))))
+
+
+class _ParametricEvaluator:
+    """A `ParametricKernel`'s evaluator: its hyperparameters are traced arguments, so fitting the same kernel at
+    new hyperparameters (or a new kernel object with the same ``apply``) reuses the compiled programs (the kernel
+    object itself holds arrays and cannot key a cache)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._jitted, self._diag = _parametric_jits(kernel.apply)
+
+    def __call__(self, x1, x2):
+        return self._jitted(self.kernel.theta, x1, x2)
+
+    def diag(self, x):
+        return self._diag(self.kernel.theta, x)
+
+
+def _evaluator(kernel):
+    if isinstance(kernel, _kernels.ParametricKernel):
+        return _ParametricEvaluator(kernel)
+    return _cached_evaluator(kernel)
 
 
 def _as_targets(y, n: int | None = None):

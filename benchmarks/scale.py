@@ -1,0 +1,246 @@
+"""Exact GP / Student-t process fit + predict at large N: our dense and matrix-free paths against GPyTorch.
+
+Usage (from the project root; GPyTorch comes with ``pip install -e ".[bench]"`` after a CPU build of torch)::
+
+    python benchmarks/scale.py [--sizes 2000 5000 10000] [--n-test 1000] [--dtype float64] [--repeats 1]
+                               [--cases ours-dense ours-cg gpytorch-chol gpytorch-cg] [--timeout 1800] [--quick]
+
+Problem: ``d = 8`` standard-normal inputs, ``y = sin(x w) + 0.1 e`` (one output), an RBF kernel
+(lengthscale 2, variance 1), noise 0.01, 1,000 test points. Each case at each N runs in a fresh process (so that
+its peak memory is its own): one first call, then ``--repeats`` timed calls of the whole fit + predict (mean and
+variance at every test point); the best of those is the steady time.
+
+* ``ours-dense``: ``posterior.fit(rbf, x, y, InverseGamma(2, 2), noise=0.01, method='dense')`` + ``predict``;
+* ``ours-cg``: the same with ``method='cg'``: CG to relative residual ``--tol`` with a pivoted-Cholesky
+  preconditioner of rank ``--rank``, ``--probes`` SLQ probes, LOVE variances of ``--love-rank`` steps;
+* ``gpytorch-chol``: GPyTorch's exact GP (fixed hyperparameters), Cholesky forced
+  (``max_cholesky_size`` above N): the marginal log likelihood, then the predictive mean and variance;
+* ``gpytorch-cg``: the same through GPyTorch's default large-N path (``max_cholesky_size(0)``), at the same
+  tolerance, preconditioner rank, probes and LOVE size (``fast_pred_var``, ``max_root_decomposition_size``).
+
+The Student-t process costs what the Gaussian process costs (the same solve and log-determinant), which is why its
+anchor is GPyTorch's Gaussian exact GP. Ratios ours / GPyTorch are taken at the same N between the matching paths
+(dense against Cholesky, matrix-free against CG). Peak memory is the device's peak in use on a GPU, the process's
+peak resident set on the CPU (which includes the runtime's own ~0.3-0.5 GB). A case that fails (out of memory,
+``--timeout``) is recorded as such and larger N is not tried for it.
+
+Writes ``benchmarks/results/scale-<device>.json`` (``--quick``: ``scale-quick.json``, a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, write_results  # noqa: E402
+
+CASES = ("ours-dense", "ours-cg", "gpytorch-chol", "gpytorch-cg")
+D, NOISE, LENGTHSCALE = 8, 0.01, 2.0
+
+
+def _data(n, n_test, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=D) / np.sqrt(D)
+    x, xt = rng.normal(size=(n, D)), rng.normal(size=(n_test, D))
+    return x, np.sin(x @ w) + 0.1 * rng.normal(size=n), xt
+
+
+def _ours(args, x, y, xt):
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", args.dtype == "float64")
+    sys.path.insert(0, str(ROOT))
+    from smnngp import kernels, matfree, posterior, priors
+
+    dt = jnp.float64 if args.dtype == "float64" else jnp.float32
+    x, y, xt = (jnp.asarray(a, dt) for a in (x, y, xt))
+    kernel = kernels.rbf(LENGTHSCALE, 1.0)
+    method = args.case.split("-")[1]
+    opts = matfree.CG(tol=args.tol, precond_rank=args.rank, num_probes=args.probes, variance="love",
+                      love_rank=args.love_rank)
+
+    def run():
+        post = posterior.fit(kernel, x, y, priors.InverseGamma(2.0, 2.0), noise=NOISE, method=method, cg=opts)
+        p = post.predict(xt)
+        mean, var = jax.block_until_ready((p.mean, p.variance))
+        extra = post.diagnostics
+        return float(post.log_marginal_likelihood), mean, var, extra
+
+    def peak():
+        stats = jax.local_devices()[0].memory_stats() or {}
+        return stats.get("peak_bytes_in_use")
+
+    return run, peak
+
+
+def _gpytorch(args, x, y, xt):
+    import gpytorch
+    import torch
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dt = torch.float64 if args.dtype == "float64" else torch.float32
+    X, Y, XT = (torch.as_tensor(a, dtype=dt, device=dev) for a in (x, y, xt))
+
+    class GP(gpytorch.models.ExactGP):
+        def __init__(self, lik):
+            super().__init__(X, Y, lik)
+            self.mean = gpytorch.means.ZeroMean()
+            self.cov = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+
+        def forward(self, a):
+            return gpytorch.distributions.MultivariateNormal(self.mean(a), self.cov(a))
+
+    chol = args.case == "gpytorch-chol"
+
+    def run():
+        lik = gpytorch.likelihoods.GaussianLikelihood().to(dev, dt)
+        model = GP(lik).to(dev, dt)
+        model.cov.base_kernel.lengthscale = LENGTHSCALE
+        model.cov.outputscale = 1.0
+        lik.noise = NOISE
+        settings = [gpytorch.settings.max_cholesky_size(10**9 if chol else 0),
+                    gpytorch.settings.cg_tolerance(args.tol), gpytorch.settings.eval_cg_tolerance(args.tol),
+                    gpytorch.settings.max_cg_iterations(args.max_iter),
+                    gpytorch.settings.max_preconditioner_size(args.rank),
+                    gpytorch.settings.num_trace_samples(args.probes),
+                    gpytorch.settings.fast_pred_var(not chol),
+                    gpytorch.settings.max_root_decomposition_size(args.love_rank)]
+        with torch.no_grad():
+            for s in settings:
+                s.__enter__()
+            try:
+                mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
+                model.train()
+                lml = float(mll(model(X), Y)) * X.shape[0]
+                model.eval()
+                pred = lik(model(XT))
+                mean, var = pred.mean, pred.variance
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+            finally:
+                for s in reversed(settings):
+                    s.__exit__(None, None, None)
+        return lml, mean.cpu().numpy(), var.cpu().numpy(), {}
+
+    def peak():
+        return torch.cuda.max_memory_allocated() if dev.type == "cuda" else None
+
+    return run, peak
+
+
+def worker(args):
+    import resource
+
+    x, y, xt = _data(args.n, args.n_test)
+    run, peak = (_ours if args.case.startswith("ours") else _gpytorch)(args, x, y, xt)
+    start = time.perf_counter()
+    lml, mean, var, extra = run()
+    first = time.perf_counter() - start
+    steady = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        lml, mean, var, extra = run()
+        steady.append(time.perf_counter() - start)
+    import numpy as np
+
+    device_peak = peak()
+    out = {"first_s": first, "steady_s": min(steady) if steady else None, "log_ml": lml,
+           "mean_head": np.asarray(mean, float)[:5].tolist(), "var_head": np.asarray(var, float)[:5].tolist(),
+           "peak_bytes": device_peak if device_peak is not None else
+           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           "peak_kind": "device" if device_peak is not None else "process RSS", "diagnostics": extra}
+    print("RESULT " + json.dumps(out, default=float))
+
+
+def _device_name():
+    try:
+        import jax
+
+        d = jax.local_devices()[0]
+        return d.device_kind.replace(" ", "-") if d.platform != "cpu" else "cpu"
+    except Exception:  # noqa: BLE001 - the name is cosmetic
+        return "unknown"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 5000, 10000])
+    parser.add_argument("--n-test", type=int, default=1000)
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--tol", type=float, default=1e-4)
+    parser.add_argument("--rank", type=int, default=100)
+    parser.add_argument("--probes", type=int, default=16)
+    parser.add_argument("--love-rank", type=int, default=100)
+    parser.add_argument("--max-iter", type=int, default=1000)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--quick", action="store_true", help="a smoke test at N = 300, 50 test points")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.quick:
+        args.sizes, args.n_test, args.repeats = [300], 50, 1
+    results, failed = [], set()
+    passthrough = ["--n-test", str(args.n_test), "--dtype", args.dtype, "--repeats", str(args.repeats),
+                   "--tol", str(args.tol), "--rank", str(args.rank), "--probes", str(args.probes),
+                   "--love-rank", str(args.love_rank), "--max-iter", str(args.max_iter)]
+    for n in args.sizes:
+        for case in args.cases:
+            if case in failed:
+                continue
+            print(f"N = {n:>8,}  {case:<14}", end=" ", flush=True)
+            cmd = [sys.executable, __file__, "--worker", "1", "--n", str(n), "--case", case, *passthrough]
+            start = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                      env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+                ok = proc.returncode == 0 and "RESULT " in proc.stdout
+                rec = json.loads(proc.stdout.split("RESULT ", 1)[1]) if ok else {
+                    "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
+            except subprocess.TimeoutExpired:
+                rec, ok = {"error": [f"timeout after {args.timeout:.0f} s"]}, False
+            rec.update(n=n, case=case, wall_s=time.perf_counter() - start)
+            results.append(rec)
+            if ok:
+                steady = rec["steady_s"] if rec["steady_s"] is not None else rec["first_s"]
+                print(f"{steady:9.2f} s  peak {rec['peak_bytes'] / 2**30:7.2f} GiB ({rec['peak_kind']})  "
+                      f"log ML {rec['log_ml']:.6g}", flush=True)
+            else:
+                failed.add(case)
+                print(f"failed: {rec['error'][0][:100]}", flush=True)
+    print("\nratios (steady; first call where no repeat ran), ours / GPyTorch at the same N:")
+    table = {}
+    for rec in results:
+        if "error" not in rec:
+            table[rec["n"], rec["case"]] = rec["steady_s"] if rec["steady_s"] is not None else rec["first_s"]
+    ratios = []
+    for n in args.sizes:
+        for ours, theirs in (("ours-dense", "gpytorch-chol"), ("ours-cg", "gpytorch-cg")):
+            if (n, ours) in table and (n, theirs) in table:
+                r = table[n, ours] / table[n, theirs]
+                ratios.append({"n": n, "ours": ours, "anchor": theirs, "ratio": r})
+                print(f"  N = {n:>8,}  {ours:<11} / {theirs:<14} {r:6.2f}x")
+    name = "scale-quick.json" if args.quick else f"scale-{_device_name()}-{args.dtype}.json"
+    write_results(args.out or ROOT / "benchmarks" / "results" / name,
+                  {"quick": args.quick, "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "n",
+                                                                                                        "case", "out")},
+                   "device": _device_name(), "results": results, "ratios": ratios})
+
+
+if __name__ == "__main__":
+    main()
