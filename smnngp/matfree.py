@@ -73,8 +73,8 @@ class CG:
         max_iter: most CG iterations; a solve that stops there above ``tol`` warns (:class:`ConvergenceWarning`).
         precond_rank: rank r of the pivoted-Cholesky preconditioner (0: plain CG).
         num_probes: Gaussian probes of the stochastic log-determinant (at least 2, for its standard error).
-        tile_size: rows per kernel tile (``None``: chosen from N, at most 2048); memory per device is about
-            ``tile_size^2`` kernel entries plus the kernel's own intermediates on one tile.
+        tile_size: rows per kernel tile (``None``: at most 2048 on a CPU, 8192 on an accelerator); memory per device
+            is about ``tile_size^2`` kernel entries plus the kernel's own intermediates on one tile.
         devices: the devices the row tiles are spread over (``None``: all local devices); pass the global
             ``jax.devices()`` on a ``jax.distributed`` cluster.
         seed: seed of the probes (the estimate is a fixed function of it).
@@ -119,7 +119,8 @@ class CG:
 
 
 class SolveInfo(NamedTuple):
-    """How a CG solve went: ``iterations`` run, worst relative ``residual`` over the columns, ``converged``."""
+    """How a CG solve went: ``iterations`` run (the most over the columns), the worst relative ``residual``
+    ``|b - A x| / |b|`` over the columns, whether it ``converged`` (residual at most ``tol``), and ``tol``."""
 
     iterations: int
     residual: float
@@ -128,7 +129,9 @@ class SolveInfo(NamedTuple):
 
 
 class LogdetEstimate(NamedTuple):
-    """Stochastic log-determinant ``value`` with its ``stderr`` (from the spread over ``num_probes`` probes)."""
+    """Stochastic log-determinant ``value`` with its ``stderr`` (from the spread over ``num_probes`` probes),
+    ``lanczos_steps`` (the most CG / Lanczos steps a probe took) and ``logdet_precond`` (``log|P|``, the exact part
+    of the value)."""
 
     value: float
     stderr: float
@@ -202,7 +205,8 @@ class KernelOperator:
             tile is evaluated as ``k(x_i, None)``, as the dense kernel would be.
         x: training inputs, (N, features...).
         shift: the added diagonal ``s >= 0`` (the noise).
-        tile_size: rows per tile (``None``: ``min(N, 2048)`` rounded so the tiles split N evenly).
+        tile_size: rows per tile (``None``: ``min(N, 2048)`` on a CPU, ``min(N, 8192)`` on an accelerator, rounded
+            so the tiles split N evenly).
         devices: devices the row tiles are spread over (``None``: all local devices).
 
     Raises:
@@ -222,7 +226,8 @@ class KernelOperator:
         devs = tuple(jax.local_devices() if devices is None else devices)
         self.mesh = Mesh(np.array(devs), ("rows",))
         n = x.shape[0]
-        t = min(n, 2048) if tile_size is None else min(int(tile_size), n)
+        default = 2048 if devs[0].platform == "cpu" else 8192  # an accelerator wants bigger tiles
+        t = min(n, default) if tile_size is None else min(int(tile_size), n)
         t = -(-n // -(-n // t))  # the smallest tile that covers N with as many tiles
         # every device the same number of row tiles; the extra tiles are padding (zero rows of every product), so
         # the tiling, and with it every sum, is the same on one device and on many
@@ -280,6 +285,9 @@ def _matmul_traced(fn, mesh, n, params, blocks, v, shift):
     nb, t = blocks.shape[:2]
     m = v.shape[1]
     dtype = jnp.result_type(v.dtype, blocks.dtype, float)
+    # a stax kernel tells k(x, None) from k(x, x) (Dropout): diagonal tiles are evaluated as the dense kernel
+    # would; a ParametricKernel does not, and is spared the branch
+    diagonal_as_self = isinstance(fn, _Closed)
     vb = _pad_rows(v.astype(dtype), nb * t).reshape(nb, t, m)
 
     def local(rows, ids, blocks, vb, params):
@@ -288,7 +296,10 @@ def _matmul_traced(fn, mesh, n, params, blocks, v, shift):
 
             def body(acc, col):
                 xj, vj, j = col
-                kij = lax.cond(i == j, lambda: fn(params, xi, None), lambda: fn(params, xi, xj))
+                if diagonal_as_self:
+                    kij = lax.cond(i == j, lambda: fn(params, xi, None), lambda: fn(params, xi, xj))
+                else:
+                    kij = fn(params, xi, xj)
                 return acc + kij.astype(dtype) @ vj, None
 
             acc, _ = lax.scan(body, jnp.zeros((t, m), dtype), (blocks, vb, jnp.arange(nb)))
@@ -335,13 +346,8 @@ def _cross_rmatmul(fn, n, params, blocks, x_test, u):
 # Lanczos cache of predictive variances (LOVE)
 
 
-def _half_apply(U, c, pshift, v):
-    """``P^{-1/2} v`` with ``P = U diag(lam) U^T + pshift (I - U U^T)`` given ``c = (lam)^{-1/2} - pshift^{-1/2}``."""
-    return U @ (c[:, None] * (U.T @ v)) + v / jnp.sqrt(pshift)
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _lanczos(fn, mesh, n, steps, params, blocks, shift, U, c, pshift, start):
+def _lanczos(fn, mesh, n, steps, params, blocks, shift, U, lam, pshift, start):
     """``steps`` Lanczos steps on ``M = P^{-1/2} A P^{-1/2}`` from ``start``, fully reorthogonalised: ``Q``
     (N, steps), ``alpha``, ``beta`` (``M Q_k = Q_k T_k + beta_k q_{k+1} e_k^T``)."""
     dtype = start.dtype
@@ -350,8 +356,8 @@ def _lanczos(fn, mesh, n, steps, params, blocks, shift, U, c, pshift, start):
     def body(j, carry):
         Q, alphas, betas = carry
         q = Q[:, j][:, None]
-        w = _half_apply(U, c, pshift, _matmul_traced(fn, mesh, n, params, blocks, _half_apply(U, c, pshift, q),
-                                                      shift))[:, 0]
+        w = _half_solve(U, lam, pshift, _matmul_traced(fn, mesh, n, params, blocks, _half_solve(U, lam, pshift, q),
+                                                        shift))[:, 0]
         a = q[:, 0] @ w
         for _ in range(2):  # full reorthogonalisation, twice ("twice is enough")
             w = w - Q @ (Q.T @ w)
@@ -393,17 +399,13 @@ def love_variance_reduction(op: KernelOperator, x_test, rank: int, precond: Pivo
     """
     rank = min(int(rank), op.n)
     dtype = op.dtype
-    if precond is None or precond.Ft.shape[0] == 0:  # P = shift I: the noise-dominated directions are M ~ I
-        U, c, pshift = jnp.zeros((op.n, 0), dtype), jnp.zeros(0, dtype), op.shift if op.shift > 0 else 1.0
+    if precond is None or precond.U.shape[1] == 0:  # P = shift I: the noise-dominated directions are M ~ I
+        U, lam, pshift = jnp.zeros((op.n, 0), dtype), jnp.zeros(0, dtype), op.shift if op.shift > 0 else 1.0
     else:
-        lam, W = jnp.linalg.eigh(precond.Ft @ precond.Ft.T)
-        keep = lam > 1e3 * jnp.finfo(dtype).eps * jnp.max(lam)
-        U = jnp.where(keep, precond.Ft.T @ W / jnp.sqrt(jnp.where(keep, lam, 1.0)), 0.0)
-        pshift = precond.shift
-        c = jnp.where(keep, 1.0 / jnp.sqrt(lam + pshift) - 1.0 / math.sqrt(pshift), 0.0)
+        U, lam, pshift = precond.U.astype(dtype), precond.lam.astype(dtype), precond.shift
     pshift = jnp.asarray(pshift, dtype)
-    start = _half_apply(U, c, pshift, op.cross_rmatmul(x_test, jnp.ones((jnp.shape(x_test)[0], 1))))[:, 0]
-    Q, a, b = _lanczos(op.fn, op.mesh, op.n, rank, op.params, op.blocks, jnp.asarray(op.shift, dtype), U, c,
+    start = _half_solve(U, lam, pshift, op.cross_rmatmul(x_test, jnp.ones((jnp.shape(x_test)[0], 1))))[:, 0]
+    Q, a, b = _lanczos(op.fn, op.mesh, op.n, rank, op.params, op.blocks, jnp.asarray(op.shift, dtype), U, lam,
                        pshift, start)
     a_host, b_host = np.asarray(a), np.asarray(b)
     scale = float(np.max(np.abs(a_host)))
@@ -411,14 +413,15 @@ def love_variance_reduction(op: KernelOperator, x_test, rank: int, precond: Pivo
     k = int(stop[0]) + 1 if stop.size else rank
     T = jnp.diag(a[:k]) + jnp.diag(b[: k - 1], 1) + jnp.diag(b[: k - 1], -1)
     chol_t = jnp.linalg.cholesky(T)
-    proj = op.cross_matmul(x_test, _half_apply(U, c, pshift, Q[:, :k]))  # (L, k) = (Q^T P^{-1/2} kx*)^T
+    proj = op.cross_matmul(x_test, _half_solve(U, lam, pshift, Q[:, :k]))  # (L, k) = (Q^T P^{-1/2} kx*)^T
     w = jax.scipy.linalg.solve_triangular(chol_t, proj.T, lower=True)
-    # |u|^2 = kx*^T P^{-1} kx* = (|kx*|^2 - |L_m^{-1} F^T kx*|^2) / s, by column tiles (Woodbury)
-    if precond is None or precond.Ft.shape[0] == 0:
-        u_sq = _cross_sq_norms(op.fn, op.n, op.params, op.blocks, jnp.asarray(x_test)) / pshift
+    # |u|^2 = kx*^T P^{-1} kx* = sum (U^T kx*)^2 / (lam + s) + (|kx*|^2 - |U^T kx*|^2) / s, by column tiles
+    k_sq = _cross_sq_norms(op.fn, op.n, op.params, op.blocks, jnp.asarray(x_test))
+    if U.shape[1]:
+        uk = op.cross_matmul(x_test, U)  # (L, r)
+        u_sq = jnp.sum(uk**2 / (lam + pshift), axis=1) + jnp.clip(k_sq - jnp.sum(uk**2, axis=1), 0.0, None) / pshift
     else:
-        fk = jax.scipy.linalg.solve_triangular(precond.chol_m, op.cross_matmul(x_test, precond.Ft.T).T, lower=True)
-        u_sq = (_cross_sq_norms(op.fn, op.n, op.params, op.blocks, jnp.asarray(x_test)) - jnp.sum(fk * fk, 0)) / pshift
+        u_sq = k_sq / pshift
     return jnp.sum(w * w, axis=0) + jnp.clip(u_sq - jnp.sum(proj * proj, axis=1), 0.0, None)
 
 
@@ -443,39 +446,60 @@ def _cross_sq_norms(fn, n, params, blocks, x_test):
 class PivotedCholesky(NamedTuple):
     """``P = F F^T + shift I`` from a rank-r pivoted Cholesky factor ``F`` (held transposed, ``Ft``: (r, N)).
 
-    ``chol_m`` is the Cholesky factor of ``shift I_r + Ft Ft^T``; ``trace_error`` is ``tr(K - F F^T)``, what the
-    factor leaves out; ``pivots`` the rows chosen.
+    ``F F^T = U diag(lam) U^T`` with ``U`` (N, r) orthonormal (a QR of ``F`` and an r x r eigendecomposition), so
+    that ``P^{-1} v = U (U^T v / (lam + shift)) + (v - U U^T v) / shift`` never solves with the ill-conditioned
+    ``shift I + F^T F`` (which float32 cannot). Directions with ``lam`` below rounding are dropped (their column of
+    ``U`` and ``lam`` are zero). ``trace_error`` is ``tr(K - F F^T)``, what the factor leaves out; ``pivots`` the
+    rows chosen.
     """
 
     Ft: jax.Array
-    chol_m: jax.Array
+    U: jax.Array
+    lam: jax.Array
     shift: float
     trace_error: float
     pivots: jax.Array
 
     def solve(self, v) -> jax.Array:
-        """``P^{-1} v`` (Woodbury), ``v`` of shape (N, m)."""
-        return _precond_solve(self.Ft, self.chol_m, self.shift, v)
+        """``P^{-1} v``, ``v`` of shape (N, m)."""
+        return _precond_solve(self.U, self.lam, self.shift, v)
 
     def logdet(self) -> float:
-        """``log|P| = (N - r) log(shift) + log|shift I_r + Ft Ft^T|``."""
-        r, n = self.Ft.shape
-        return float((n - r) * math.log(self.shift) + 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol_m))))
+        """``log|P| = N log(shift) + sum log(1 + lam / shift)``."""
+        n = self.U.shape[0]
+        return float(n * math.log(self.shift) + jnp.sum(jnp.log1p(self.lam / self.shift)))
 
     def sample(self, key, m: int) -> jax.Array:
-        """``m`` draws of ``z ~ N(0, P)``, (N, m): ``F e1 + sqrt(shift) e2``."""
-        r, n = self.Ft.shape
+        """``m`` draws of ``z ~ N(0, P)``, (N, m): ``U (sqrt(lam) e1) + sqrt(shift) e2``."""
+        n, r = self.U.shape
         k1, k2 = jax.random.split(key)
-        e1 = jax.random.normal(k1, (r, m), self.Ft.dtype)
-        e2 = jax.random.normal(k2, (n, m), self.Ft.dtype)
-        return self.Ft.T @ e1 + math.sqrt(self.shift) * e2
+        e1 = jax.random.normal(k1, (r, m), self.U.dtype)
+        e2 = jax.random.normal(k2, (n, m), self.U.dtype)
+        return self.U @ (jnp.sqrt(self.lam)[:, None] * e1) + math.sqrt(self.shift) * e2
 
 
-def _precond_solve(Ft, chol_m, shift, v):
-    if Ft.shape[0] == 0:
+def _precond_solve(U, lam, shift, v):
+    if U.shape[1] == 0:
         return v / shift
-    w = jax.scipy.linalg.cho_solve((chol_m, True), Ft @ v)
-    return (v - Ft.T @ w) / shift
+    c = U.T @ v
+    return U @ (c / (lam + shift)[:, None]) + (v - U @ c) / shift
+
+
+def _half_solve(U, lam, shift, v):
+    """``P^{-1/2} v`` in the same basis."""
+    if U.shape[1] == 0:
+        return v / jnp.sqrt(shift)
+    c = U.T @ v
+    return U @ (c / jnp.sqrt(lam + shift)[:, None]) + (v - U @ c) / jnp.sqrt(shift)
+
+
+@jax.jit
+def _basis(Ft):
+    """``U``, ``lam`` with ``Ft^T Ft = U diag(lam) U^T``, ``U`` orthonormal; directions below rounding dropped."""
+    Q, R = jnp.linalg.qr(Ft.T)
+    lam, W = jnp.linalg.eigh(R @ R.T)
+    keep = lam > 1e2 * jnp.finfo(Ft.dtype).eps * jnp.max(lam) * Ft.shape[0]
+    return jnp.where(keep, Q @ W, 0.0), jnp.where(keep, lam, 0.0)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -523,11 +547,11 @@ def pivoted_cholesky(op: KernelOperator, rank: int) -> PivotedCholesky:
     rank = min(int(rank), op.n)
     diag = op.diag() - op.shift
     if rank == 0:
-        return PivotedCholesky(jnp.zeros((0, op.n), diag.dtype), jnp.zeros((0, 0), diag.dtype), op.shift,
-                               float(jnp.sum(diag)), jnp.zeros(0, jnp.int32))
+        return PivotedCholesky(jnp.zeros((0, op.n), diag.dtype), jnp.zeros((op.n, 0), diag.dtype),
+                               jnp.zeros(0, diag.dtype), op.shift, float(jnp.sum(diag)), jnp.zeros(0, jnp.int32))
     Ft, err, piv = _pivoted_cholesky(op.fn, op.n, rank, op.params, op.blocks, diag)
-    m = op.shift * jnp.eye(rank, dtype=Ft.dtype) + Ft @ Ft.T
-    return PivotedCholesky(Ft, jnp.linalg.cholesky(m), op.shift, float(err), piv)
+    U, lam = _basis(Ft)
+    return PivotedCholesky(Ft, U, lam, op.shift, float(err), piv)
 
 
 # --------------------------------------------------------------------------------------------
@@ -535,12 +559,12 @@ def pivoted_cholesky(op: KernelOperator, rank: int) -> PivotedCholesky:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _pcg(fn, mesh, n, max_iter, params, blocks, shift, Ft, chol_m, pshift, B, tol):
+def _pcg(fn, mesh, n, max_iter, params, blocks, shift, U, lam, pshift, B, tol):
     def matmul(v):
         return _matmul_traced(fn, mesh, n, params, blocks, v, shift)
 
     def precond(v):
-        return _precond_solve(Ft, chol_m, pshift, v)
+        return _precond_solve(U, lam, pshift, v)
 
     m = B.shape[1]
     bnorm = jnp.linalg.norm(B, axis=0)
@@ -619,13 +643,13 @@ def _run_pcg(op, B, precond, tol, max_iter, *, what, check_cols=None):
     dtype = op.dtype
     B = B.astype(dtype)
     if precond is None:  # P = I: plain CG
-        Ft, chol_m, pshift = jnp.zeros((0, op.n), dtype), jnp.zeros((0, 0), dtype), 1.0
+        U, lam, pshift = jnp.zeros((op.n, 0), dtype), jnp.zeros(0, dtype), 1.0
     else:
-        if precond.Ft.shape[1] != op.n:
-            raise ValueError(f"cg: the preconditioner is for N = {precond.Ft.shape[1]}, the operator has N = {op.n}")
-        Ft, chol_m, pshift = precond.Ft.astype(dtype), precond.chol_m.astype(dtype), precond.shift
+        if precond.U.shape[0] != op.n:
+            raise ValueError(f"cg: the preconditioner is for N = {precond.U.shape[0]}, the operator has N = {op.n}")
+        U, lam, pshift = precond.U.astype(dtype), precond.lam.astype(dtype), precond.shift
     X, k, iters, res, alphas, betas, rz0 = _pcg(op.fn, op.mesh, op.n, int(max_iter), op.params, op.blocks,
-                                                jnp.asarray(op.shift, dtype), Ft, chol_m, jnp.asarray(pshift, dtype),
+                                                jnp.asarray(op.shift, dtype), U, lam, jnp.asarray(pshift, dtype),
                                                 B, jnp.asarray(tol, dtype))
     cols = slice(None) if check_cols is None else check_cols
     worst = float(jnp.max(res[cols])) if res[cols].size else 0.0
@@ -644,6 +668,8 @@ def _slq(iters, alphas, betas, rz0):
     out = np.empty(iters.shape[0])
     for i, k in enumerate(iters):
         k = int(k)
+        bad = np.nonzero(~(np.isfinite(alphas[:k, i]) & (alphas[:k, i] > 0) & np.isfinite(betas[:k, i])))[0]
+        k = int(bad[0]) if bad.size else k  # a breakdown (rounding in float32) ends the tridiagonal there
         if k == 0:
             out[i] = 0.0
             continue

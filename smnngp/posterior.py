@@ -578,7 +578,7 @@ class Posterior:
         x_train: the training inputs, or ``None``.
         solver: ``None`` for the dense path (a Cholesky factor in ``state``), or the `smnngp.matfree.CG`
             settings of a matrix-free fit (``state`` holds ``alpha``, ``q``, ``logdet`` and the preconditioner
-            ``Ft``, ``chol_m``).
+            ``U``, ``lam``).
         **fields: the fields of the concrete class (``s``; ``a_post``, ``b_post``, ``_df``; ``beta``, ``log_w``,
             ``_ess``, ``_num_samples``).
 
@@ -675,7 +675,7 @@ class Posterior:
             st = self._state
             out.update(cg_iterations=int(st["cg_iterations"]), cg_residual=float(st["cg_residual"]),
                        tol=float(st["cg_tol"]), logdet_stderr=float(st["logdet_stderr"]),
-                       num_probes=self._solver.num_probes, precond_rank=int(st["Ft"].shape[0]),
+                       num_probes=self._solver.num_probes, precond_rank=int(st["U"].shape[1]),
                        precond_trace_error=float(st["precond_trace_error"]))
         return out
 
@@ -779,7 +779,8 @@ class Posterior:
         check_finite(kxx, "k_test_test")
         mean = op.cross_matmul(x_test, self._state["alpha"])
         st = self._state
-        pc = matfree.PivotedCholesky(st["Ft"], st["chol_m"], float(self.noise), float(st["precond_trace_error"]), None)
+        pc = matfree.PivotedCholesky(None, st["U"], st["lam"], float(self.noise), float(st["precond_trace_error"]),
+                                     None)
         var = kxx - matfree.love_variance_reduction(op, x_test, self._solver.love_rank, pc)
         bad = int(jnp.sum(var <= 0))
         if bad:
@@ -803,7 +804,8 @@ class Posterior:
                             "conjugate gradients with host-side convergence checks")
         st, opts = self._state, self._solver
         op = self._operator()
-        pc = matfree.PivotedCholesky(st["Ft"], st["chol_m"], float(self.noise), float(st["precond_trace_error"]), None)
+        pc = matfree.PivotedCholesky(None, st["U"], st["lam"], float(self.noise), float(st["precond_trace_error"]),
+                                     None)
         v, _ = matfree.cg(op, kxt.T, precond=pc, tol=opts.tolerance(op.dtype), max_iter=opts.max_iter)
         mean = kxt @ st["alpha"]
         if full_cov:
@@ -1188,7 +1190,7 @@ def _fit_matfree(kfn, x_train, y_train, prior, *, noise, noise_model, num_sample
     op = matfree.KernelOperator(kfn, x_train, common["noise"], tile_size=options.tile_size, devices=options.devices)
     alpha, info, est, pc = matfree.solve(op, Y, options)
     q = jnp.sum(Y.astype(alpha.dtype) * alpha)
-    state = dict(alpha=alpha, q=q, logdet=jnp.asarray(est.value, alpha.dtype), Ft=pc.Ft, chol_m=pc.chol_m,
+    state = dict(alpha=alpha, q=q, logdet=jnp.asarray(est.value, alpha.dtype), U=pc.U, lam=pc.lam,
                  logdet_stderr=est.stderr, cg_iterations=info.iterations, cg_residual=info.residual, cg_tol=info.tol,
                  precond_trace_error=pc.trace_error)
     post = _scaled_posterior(common, state, 0.0, alpha.dtype, num_samples=num_samples, key=key, min_ess=min_ess,
