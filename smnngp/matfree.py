@@ -166,6 +166,19 @@ def available_memory_bytes(device=None) -> int | None:
     return None
 
 
+def _highest(jitted):
+    """Run a jitted function with full float32 matmul precision: a GPU's default (TF32, about 1e-3 relative)
+    makes kernel tiles inaccurate and unsymmetric, and CG then stalls or diverges (seen on an H100). The setting is
+    read when the function is traced, so it goes around the call."""
+
+    @functools.wraps(jitted)
+    def call(*args):
+        with jax.default_matmul_precision("highest"):
+            return jitted(*args)
+
+    return call
+
+
 # --------------------------------------------------------------------------------------------
 # The operator
 
@@ -275,6 +288,7 @@ def _pad_rows(v, rows):
     return jnp.pad(v, ((0, pad), (0, 0))) if pad else v
 
 
+@_highest
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _matmul(fn, mesh, n, params, blocks, v, shift):
     return _matmul_traced(fn, mesh, n, params, blocks, v, shift)
@@ -313,6 +327,7 @@ def _matmul_traced(fn, mesh, n, params, blocks, v, shift):
     return out.reshape(nb * t, m)[:n] + shift * v.astype(dtype)
 
 
+@_highest
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _diag(fn, n, params, blocks):
     one = jax.vmap(lambda xi: fn(params, xi[None], None)[0, 0])
@@ -324,6 +339,7 @@ def _row_traced(fn, n, params, blocks, point):
     return lax.map(lambda xj: fn(params, point[None], xj)[0], blocks).reshape(-1)[:n]
 
 
+@_highest
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _cross_matmul(fn, n, params, blocks, x_test, v):
     nb, t = blocks.shape[:2]
@@ -337,6 +353,7 @@ def _cross_matmul(fn, n, params, blocks, x_test, v):
     return out
 
 
+@_highest
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _cross_rmatmul(fn, n, params, blocks, x_test, u):
     return lax.map(lambda xi: fn(params, xi, x_test) @ u, blocks).reshape(-1, u.shape[1])[:n]
@@ -346,6 +363,7 @@ def _cross_rmatmul(fn, n, params, blocks, x_test, u):
 # Lanczos cache of predictive variances (LOVE)
 
 
+@_highest
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _lanczos(fn, mesh, n, steps, params, blocks, shift, U, lam, pshift, start):
     """``steps`` Lanczos steps on ``M = P^{-1/2} A P^{-1/2}`` from ``start``, fully reorthogonalised: ``Q``
@@ -425,6 +443,7 @@ def love_variance_reduction(op: KernelOperator, x_test, rank: int, precond: Pivo
     return jnp.sum(w * w, axis=0) + jnp.clip(u_sq - jnp.sum(proj * proj, axis=1), 0.0, None)
 
 
+@_highest
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _cross_sq_norms(fn, n, params, blocks, x_test):
     """``|k(x*, X)|^2`` per test point, by column tiles (padding columns masked)."""
@@ -493,6 +512,7 @@ def _half_solve(U, lam, shift, v):
     return U @ (c / jnp.sqrt(lam + shift)[:, None]) + (v - U @ c) / jnp.sqrt(shift)
 
 
+@_highest
 @jax.jit
 def _basis(Ft):
     """``U``, ``lam`` with ``Ft^T Ft = U diag(lam) U^T``, ``U`` orthonormal; directions below rounding dropped."""
@@ -502,6 +522,7 @@ def _basis(Ft):
     return jnp.where(keep, Q @ W, 0.0), jnp.where(keep, lam, 0.0)
 
 
+@_highest
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _pivoted_cholesky(fn, n, rank, params, blocks, diag):
     dtype = diag.dtype
@@ -558,6 +579,7 @@ def pivoted_cholesky(op: KernelOperator, rank: int) -> PivotedCholesky:
 # Conjugate gradients on many right-hand sides, with the Lanczos coefficients
 
 
+@_highest
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _pcg(fn, mesh, n, max_iter, params, blocks, shift, U, lam, pshift, B, tol):
     def matmul(v):

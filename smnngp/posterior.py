@@ -165,7 +165,8 @@ class _KernelEvaluator:
     def __call__(self, x1, x2):
         if self.traceable:
             try:
-                return self._jitted(x1, x2)
+                with jax.default_matmul_precision("highest"):  # no TF32 kernels on a GPU (see smnngp.matfree)
+                    return self._jitted(x1, x2)
             except _NOT_TRACEABLE:
                 self.traceable = False
         return self.kernel(x1, x2)
@@ -175,7 +176,8 @@ class _KernelEvaluator:
         if isinstance(self.kernel, _NNGPOfKernelFn):
             return _kernels.diagonal(self.kernel.kernel_fn, x, get="nngp")
         if self.traceable:
-            return self._diag(x)
+            with jax.default_matmul_precision("highest"):
+                return self._diag(x)
         return _kernel_diag(self.kernel, x)
 
 
@@ -199,10 +201,12 @@ class _ParametricEvaluator:
         self._jitted, self._diag = _parametric_jits(kernel.apply)
 
     def __call__(self, x1, x2):
-        return self._jitted(self.kernel.theta, x1, x2)
+        with jax.default_matmul_precision("highest"):  # no TF32 kernels on a GPU (see smnngp.matfree)
+            return self._jitted(self.kernel.theta, x1, x2)
 
     def diag(self, x):
-        return self._diag(self.kernel.theta, x)
+        with jax.default_matmul_precision("highest"):
+            return self._diag(self.kernel.theta, x)
 
 
 def _evaluator(kernel):
