@@ -4,9 +4,9 @@ The dense path (:mod:`smnngp.linalg`) factorises the N x N training kernel; its 
 the size of one device. This module never holds the matrix. Everything is built from products ``(K + s I) V``
 computed tile by tile: the kernel is evaluated on a (T, T) tile, multiplied into the matching rows of ``V`` and
 discarded, so memory is O(N m + T^2) for ``m`` right-hand sides and time O(N^2 (d + m)) per product (``d`` the cost
-of one kernel entry). The row tiles are spread over devices with ``jax.shard_map`` (each device owns a block of
-rows and sees all columns), so one call uses every local device, and every device of a ``jax.distributed`` cluster
-when given the global device list.
+of one kernel entry). Each tile of the symmetric kernel is computed once, by one device: the tile pairs are spread
+over devices with ``jax.shard_map``, so one call uses every local device, and every device of a
+``jax.distributed`` cluster when given the global device list.
 
 On these products (Gardner et al., NeurIPS 2018; Wang et al., NeurIPS 2019):
 
@@ -75,7 +75,7 @@ class CG:
         num_probes: Gaussian probes of the stochastic log-determinant (at least 2, for its standard error).
         tile_size: rows per kernel tile (``None``: at most 2048 on a CPU, 8192 on an accelerator); memory per device
             is about ``tile_size^2`` kernel entries plus the kernel's own intermediates on one tile.
-        devices: the devices the row tiles are spread over (``None``: all local devices); pass the global
+        devices: the devices the kernel tiles are spread over (``None``: all local devices); pass the global
             ``jax.devices()`` on a ``jax.distributed`` cluster.
         seed: seed of the probes (the estimate is a fixed function of it).
         variance: how predictive variances ``k** - k*x A^{-1} kx*`` are had: ``'solve'`` (one preconditioned CG
@@ -220,7 +220,7 @@ class KernelOperator:
         shift: the added diagonal ``s >= 0`` (the noise).
         tile_size: rows per tile (``None``: ``min(N, 2048)`` on a CPU, ``min(N, 8192)`` on an accelerator, rounded
             so the tiles split N evenly).
-        devices: devices the row tiles are spread over (``None``: all local devices).
+        devices: devices the kernel tiles are spread over (``None``: all local devices).
 
     Raises:
         ValueError: if ``x`` has no feature axis or non-finite entries, or ``shift`` is negative or not finite.
@@ -295,7 +295,13 @@ def _matmul(fn, mesh, n, params, blocks, v, shift):
 
 
 def _matmul_traced(fn, mesh, n, params, blocks, v, shift):
-    """``(k(X, X) + shift I) v`` inside a trace: row tiles by ``shard_map`` over the mesh, column tiles by scan."""
+    """``(k(X, X) + shift I) v`` inside a trace, each kernel tile computed once.
+
+    ``k(X, X)`` is symmetric, so only the tile pairs ``i <= j`` are evaluated: tile ``K_ij`` adds ``K_ij v_j`` to
+    rows ``i`` and ``K_ij^T v_i`` to rows ``j`` (half the kernel evaluations of a row-by-row pass). The pairs are
+    dealt out over the mesh's devices (``shard_map``); each device accumulates its pairs' contributions into all N
+    rows, and a ``psum`` adds the devices' parts.
+    """
     nb, t = blocks.shape[:2]
     m = v.shape[1]
     dtype = jnp.result_type(v.dtype, blocks.dtype, float)
@@ -303,27 +309,39 @@ def _matmul_traced(fn, mesh, n, params, blocks, v, shift):
     # would; a ParametricKernel does not, and is spared the branch
     diagonal_as_self = isinstance(fn, _Closed)
     vb = _pad_rows(v.astype(dtype), nb * t).reshape(nb, t, m)
+    real = math.ceil(n / t)  # tiles past these are padding (zero rows of v)
+    iu, ju = np.triu_indices(real)
+    ndev = mesh.devices.size
+    per = math.ceil(iu.size / ndev)
+    fill = per * ndev - iu.size  # dummy pairs (tile 0 with itself, weight 0) so every device has as many
+    pair_i = jnp.asarray(np.concatenate([iu, np.zeros(fill, int)]), jnp.int32)
+    pair_j = jnp.asarray(np.concatenate([ju, np.zeros(fill, int)]), jnp.int32)
+    weight = jnp.asarray(np.concatenate([np.ones(iu.size), np.zeros(fill)]), dtype)
 
-    def local(rows, ids, blocks, vb, params):
-        def one_row(args):
-            xi, i = args
+    def local(pi, pj, w, blocks, vb, params):
+        def body(acc, pair):
+            i, j, wij = pair
+            xi = lax.dynamic_index_in_dim(blocks, i, keepdims=False)
+            xj = lax.dynamic_index_in_dim(blocks, j, keepdims=False)
+            if diagonal_as_self:
+                kij = lax.cond(i == j, lambda: fn(params, xi, None), lambda: fn(params, xi, xj))
+            else:
+                kij = fn(params, xi, xj)
+            kij = kij.astype(dtype)
+            vi = lax.dynamic_index_in_dim(vb, i, keepdims=False)
+            vj = lax.dynamic_index_in_dim(vb, j, keepdims=False)
+            row_i = lax.dynamic_index_in_dim(acc, i, keepdims=False) + wij * (kij @ vj)
+            acc = lax.dynamic_update_index_in_dim(acc, row_i, i, 0)
+            off = jnp.where(i != j, wij, 0.0)  # a diagonal tile is added once
+            row_j = lax.dynamic_index_in_dim(acc, j, keepdims=False) + off * (kij.T @ vi)
+            return lax.dynamic_update_index_in_dim(acc, row_j, j, 0), None
 
-            def body(acc, col):
-                xj, vj, j = col
-                if diagonal_as_self:
-                    kij = lax.cond(i == j, lambda: fn(params, xi, None), lambda: fn(params, xi, xj))
-                else:
-                    kij = fn(params, xi, xj)
-                return acc + kij.astype(dtype) @ vj, None
-
-            acc, _ = lax.scan(body, jnp.zeros((t, m), dtype), (blocks, vb, jnp.arange(nb)))
-            return acc
-
-        return lax.map(one_row, (rows, ids))
+        acc, _ = lax.scan(body, jnp.zeros((nb, t, m), dtype), (pi, pj, w))
+        return lax.psum(acc, "rows")
 
     spec_rows, rep = PartitionSpec("rows"), PartitionSpec()
-    out = jax.shard_map(local, mesh=mesh, in_specs=(spec_rows, spec_rows, rep, rep, rep), out_specs=spec_rows,
-                        check_vma=False)(blocks, jnp.arange(nb), blocks, vb, params)
+    out = jax.shard_map(local, mesh=mesh, in_specs=(spec_rows, spec_rows, spec_rows, rep, rep, rep), out_specs=rep,
+                        check_vma=False)(pair_i, pair_j, weight, blocks, vb, params)
     return out.reshape(nb * t, m)[:n] + shift * v.astype(dtype)
 
 
