@@ -169,6 +169,10 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
         Prior draws of sigma^2 for importance sampling (non-conjugate priors only).
     random_state : int, RandomState instance or None, default=None
         Seeds the importance sampler.
+    method : {'auto', 'dense', 'cg'}, default='auto'
+        The dense path or the matrix-free one (`smnngp.matfree`), as in :func:`smnngp.posterior.fit`.
+    cg : smnngp.matfree.CG or None, default=None
+        Settings of the matrix-free path (``None``: its defaults).
     depth, activation, W_std, b_std :
         Hidden layers, activation (``'relu'`` or ``'erf'``) and weight / bias
         standard deviations of the default MLP kernel (ignored when ``kernel`` is given).
@@ -218,6 +222,8 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
         normalize_y=True,
         num_samples=10_000,
         random_state=None,
+        method="auto",
+        cg=None,
         depth=2,
         activation="relu",
         W_std=models.W_STD["relu"],
@@ -234,6 +240,8 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
         self.normalize_y = normalize_y
         self.num_samples = num_samples
         self.random_state = random_state
+        self.method = method
+        self.cg = cg
         self.depth = depth
         self.activation = activation
         self.W_std = W_std
@@ -328,7 +336,8 @@ class ScaleMixtureRegressor(RegressorMixin, BaseEstimator):
             prior = self._resolve_prior()
             key = _jax_key(self.random_state)
             post = _posterior.fit(kernel, jnp.asarray(X), jnp.asarray(y_std), prior, noise=noise,
-                                  noise_model=self.noise_model, num_samples=int(self.num_samples), key=key)
+                                  noise_model=self.noise_model, num_samples=int(self.num_samples), key=key,
+                                  method=self.method, cg=self.cg)
         self.kernel_ = kernel
         self.prior_ = post.prior
         self.posterior_ = post

@@ -171,6 +171,20 @@ def test_love_variances_are_exact_at_full_rank_and_improve_with_rank(data):
     assert errs[2] < 1e-8 and errs[1] < 1e-2 and errs[0] > errs[1], errs
 
 
+def test_sklearn_estimator_takes_the_matrix_free_path(data):
+    from smnngp.sklearn import ScaleMixtureRegressor
+
+    x, y = data
+    x_test = np.random.default_rng(6).normal(size=(5, 3))
+    dense = ScaleMixtureRegressor(kernels.rbf(0.7, 1.3), noise=0.05, method="dense").fit(x, y[:, 0])
+    mf = ScaleMixtureRegressor(kernels.rbf(0.7, 1.3), noise=0.05, method="cg",
+                               cg=matfree.CG(tol=1e-11, precond_rank=x.shape[0], num_probes=4)).fit(x, y[:, 0])
+    assert mf.posterior_.method == "cg"
+    np.testing.assert_allclose(mf.log_marginal_likelihood_, dense.log_marginal_likelihood_, rtol=1e-6)
+    for a, b in zip(mf.predict(x_test, return_std=True), dense.predict(x_test, return_std=True), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
 def test_auto_chooses_by_memory_and_dense_refuses_what_does_not_fit(data, monkeypatch):
     x, y = data
     kernel = kernels.rbf(0.7, 1.3)
