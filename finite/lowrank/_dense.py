@@ -22,11 +22,9 @@ from finite.lowrank._meanfield import (
     _bias_params,
     _draw_flat,
     _draw_specs,
-    _exact_kl_mf,
     _init_rho,
-    _log_q,
-    _prior_sum,
-    svd_factors,
+    _svd_mean_fields,
+    _unit_mean_fields,
 )
 from finite.lowrank._pytrees import (
     BBBParams,
@@ -37,28 +35,51 @@ from finite.lowrank._pytrees import (
     Rank1Params,
     Rank1Weights,
 )
-from finite.lowrank._stochastic import _as_array, _det_init, _jit_apply, _Stochastic
-from finite.lowrank._validation import (
-    _BIASES,
-    FAMILIES,
-    KINDS,
-    _check_choice,
-    _check_int,
-    _check_last_dim,
-    _check_pos,
-    _check_range,
-    _float_dtype,
-)
+from finite.lowrank._stochastic import _as_array, _det_init, _Stochastic
+from finite.lowrank._validation import _BIASES, KINDS, _check_choice, _check_last_dim, _check_pos, _float_dtype
 
 __all__ = ["DeterministicDense", "BBBDense", "LowRankDense", "Rank1Dense", "dense"]
 
 
+#: the initialisers (``init_method``) each kind accepts
+_INITS = {
+    "deterministic": ("glorot", "he", "orthogonal"),
+    "bbb": ("uniform", "he", "glorot"),
+    "lowrank": ("he", "glorot"),
+    "rank1": ("glorot", "he"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class _Layer(_Stochastic):
-    """Shared plumbing of the dense layers (kind-specific: ``_init_impl``, ``_noise_shapes``, ``_mf_list``,
-    ``_assemble``, ``forward``, ``_log_ratio``, ``_exact_kl``)."""
+    """Shared plumbing of the dense layers: the leading fields ``n_in``, ``n_out``, the checks on construction,
+    ``apply``, the draw, the KL with the bias (kind-specific: ``_check_scales``, ``_init_impl``, ``_noise_shapes``,
+    ``_assemble``, ``forward``)."""
+
+    n_in: int
+    n_out: int
+    _SIZES = ("n_in", "n_out")
+    _RANK_HINT = " (pass overcomplete=True to allow it)"
+    _BIAS_CHOICES = _BIASES
 
     def _where(self):
         return f"{type(self).__name__}({self.n_in}->{self.n_out})"
+
+    def _check_names(self, where: str):
+        _check_choice(self.bias, self._BIAS_CHOICES, "bias", where)
+        _check_choice(self.init_method, _INITS[self.kind], "init", where)
+
+    def _mf_list(self, params):
+        """The mean-field tensors one draw samples, in ``_noise_shapes`` order: the factors, then a Bayesian bias."""
+        return self._factors(params) + ([params.b] if self.bias == "bayes" else [])
+
+    def _log_ratio(self, params, weights, prior):
+        lr = super()._log_ratio(params, weights, prior)
+        return lr if self.kind == "deterministic" else lr + _bias_log_ratio(params.b, weights.b, prior, self.family)
+
+    def _exact_kl(self, params, prior):
+        kl = super()._exact_kl(params, prior)
+        return kl if self.kind == "deterministic" else kl + _bias_exact_kl(params.b, prior)
 
     def apply(self, params, x, key=None):
         """``x @ W + b`` at one draw ``W ~ q`` (``sample(params, key)``), shared across the batch.
@@ -68,9 +89,7 @@ class _Layer(_Stochastic):
         """
         x = _as_array(x)
         _check_last_dim(x, self.n_in, self._where())
-        if key is None and self.kind != "deterministic":
-            raise ValueError(f"{self._where()}: key must be a PRNG key for a Bayesian layer, got None")
-        return _jit_apply(self, params, x, key)
+        return self._keyed_apply(params, x, key, "layer")
 
     def _apply_impl(self, params, x, key):
         return self.forward(self.sample(params, key), x)
@@ -112,19 +131,14 @@ class DeterministicDense(_Layer):
             one of the allowed names.
     """
 
-    n_in: int
-    n_out: int
     bias: str = "deterministic"
     init_method: str = "glorot"
     bias_init: float = 0.0
     kind = "deterministic"
+    _BIAS_CHOICES = ("deterministic", "none")
 
-    def __post_init__(self):
-        where = f"DeterministicDense({self.n_in}->{self.n_out})"
-        _check_int(self.n_in, "n_in", where)
-        _check_int(self.n_out, "n_out", where)
-        _check_choice(self.bias, ("deterministic", "none"), "bias", where)
-        _check_choice(self.init_method, ("glorot", "he", "orthogonal"), "init", where)
+    def _check_options(self, where: str):
+        self._check_names(where)
 
     def _init_impl(self, key, dtype=jnp.float32) -> DenseParams:
         """Draw ``DenseParams(W, b)``; ``dtype`` the parameters' floating dtype."""
@@ -136,9 +150,6 @@ class DeterministicDense(_Layer):
     def _noise_shapes(self):
         return ()
 
-    def _mf_list(self, params):
-        return []
-
     def _assemble(self, params, vals) -> DenseWeights:
         return DenseWeights(params.W, params.b)
 
@@ -146,12 +157,6 @@ class DeterministicDense(_Layer):
         """``x @ W + b``."""
         out = x @ weights.W
         return out if weights.b is None else out + weights.b
-
-    def _log_ratio(self, params, weights, prior):
-        return jnp.zeros((), params.W.dtype)
-
-    def _exact_kl(self, params, prior):
-        return jnp.zeros((), params.W.dtype)
 
     def num_params(self) -> int:
         """``n_in n_out + n_out`` (or ``n_in n_out`` without bias)."""
@@ -169,7 +174,23 @@ class DeterministicDense(_Layer):
 
 
 @dataclasses.dataclass(frozen=True)
-class BBBDense(_Layer):
+class _UniformRhoLayer(_Layer):
+    """Fields and checks shared by the full-rank and rank-1 kinds: ``family``, ``bias`` and ``init_method`` after
+    the sizes (defaults those of :class:`BBBDense`; :class:`Rank1Dense` sets its own), and a required
+    ``rho_range``: every ``rho`` of theirs starts ``U(rho_range)``."""
+
+    family: str = "gaussian"
+    bias: str = "bayes"
+    init_method: str = "uniform"
+
+    def _check_options(self, where: str):
+        super()._check_options(where)
+        if self.rho_range is None:
+            raise ValueError(f"{where}: rho_range must be a pair (low, high)")
+
+
+@dataclasses.dataclass(frozen=True)
+class BBBDense(_UniformRhoLayer):
     """Full-rank mean-field (Bayes-by-Backprop) layer: ``W_ij ~ q(mu_ij, softplus(rho_ij))`` independent.
 
     ``family``: ``"gaussian"`` or ``"laplace"``. ``init``: ``"uniform"`` (the paper's baselines, ``mu ~
@@ -195,28 +216,14 @@ class BBBDense(_Layer):
             values, ``mean_scale`` is not positive or ``rho_range`` is not a finite pair ``low <= high``.
     """
 
-    n_in: int
-    n_out: int
-    family: str = "gaussian"
-    bias: str = "bayes"
-    init_method: str = "uniform"
     mean_scale: float = 0.2
     rho_range: tuple = (-5.0, -4.0)
     bias_rho: float = -5.0
     bias_init: float = 0.0
     kind = "bbb"
 
-    def __post_init__(self):
-        where = self._where()
-        _check_int(self.n_in, "n_in", where)
-        _check_int(self.n_out, "n_out", where)
-        _check_choice(self.family, FAMILIES, "family", where)
-        _check_choice(self.bias, _BIASES, "bias", where)
-        _check_choice(self.init_method, ("uniform", "he", "glorot"), "init", where)
+    def _check_scales(self, where: str):
         _check_pos(self.mean_scale, "mean_scale", where)
-        object.__setattr__(self, "rho_range", _check_range(self.rho_range, "rho_range", where))
-        if self.rho_range is None:
-            raise ValueError(f"{where}: rho_range must be a pair (low, high)")
 
     def _init_impl(self, key, dtype=jnp.float32) -> BBBParams:
         """Draw ``BBBParams(W=MeanField(mu, rho), b)``."""
@@ -235,9 +242,6 @@ class BBBDense(_Layer):
     def _noise_shapes(self):
         return ((self.n_in, self.n_out),) + (((self.n_out,),) if self.bias == "bayes" else ())
 
-    def _mf_list(self, params):
-        return [params.W] + ([params.b] if self.bias == "bayes" else [])
-
     def _assemble(self, params, vals) -> DenseWeights:
         """Weights from the drawn ``W`` (and bias) in ``_mf_list`` order."""
         return DenseWeights(vals[0], vals[1] if self.bias == "bayes" else params.b)
@@ -246,13 +250,6 @@ class BBBDense(_Layer):
         """``x @ W + b``."""
         out = x @ weights.W
         return out if weights.b is None else out + weights.b
-
-    def _log_ratio(self, params, weights, prior):
-        lr = _log_q(params.W, weights.W, self.family) - _prior_sum(prior, weights.W)
-        return lr + _bias_log_ratio(params.b, weights.b, prior, self.family)
-
-    def _exact_kl(self, params, prior):
-        return _exact_kl_mf(params.W, prior) + _bias_exact_kl(params.b, prior)
 
     def num_params(self) -> int:
         """``2 n_in n_out`` plus the bias (``2 n_out`` Bayesian, ``n_out`` deterministic; Table 4)."""
@@ -312,8 +309,6 @@ class LowRankDense(_Layer):
             ``rho_range`` is not a finite pair ``low <= high``.
     """
 
-    n_in: int
-    n_out: int
     rank: int
     family: str = "gaussian"
     bias: str = "bayes"
@@ -327,21 +322,10 @@ class LowRankDense(_Layer):
     overcomplete: bool = False
     kind = "lowrank"
 
-    def __post_init__(self):
-        where = self._where()
-        _check_int(self.n_in, "n_in", where)
-        _check_int(self.n_out, "n_out", where)
-        _check_int(self.rank, "rank", where)
-        if self.rank > min(self.n_in, self.n_out) and not self.overcomplete:
-            raise ValueError(f"{where}: rank {self.rank} exceeds min(n_in, n_out) = {min(self.n_in, self.n_out)} "
-                             f"(pass overcomplete=True to allow it)")
-        _check_choice(self.family, FAMILIES, "family", where)
-        _check_choice(self.bias, _BIASES, "bias", where)
-        _check_choice(self.init_method, ("he", "glorot"), "init", where)
+    def _check_scales(self, where: str):
         _check_choice(self.mean_dist, ("normal", "uniform"), "mean_dist", where)
         _check_choice(self.path, ("auto", "factored", "materialized"), "path", where)
         _check_pos(self.eta, "eta", where)
-        object.__setattr__(self, "rho_range", _check_range(self.rho_range, "rho_range", where))
 
     @property
     def factor_scale(self) -> float:
@@ -369,9 +353,6 @@ class LowRankDense(_Layer):
     def _noise_shapes(self):
         return ((self.n_in, self.rank), (self.n_out, self.rank)) + (((self.n_out,),) if self.bias == "bayes" else ())
 
-    def _mf_list(self, params):
-        return [params.A, params.B] + ([params.b] if self.bias == "bayes" else [])
-
     def _assemble(self, params, vals) -> FactorWeights:
         """Weights from the drawn ``A = mu_A + softplus(rho_A) eps_A``, ``B`` (and bias), ``_mf_list`` order."""
         return FactorWeights(vals[0], vals[1], vals[2] if self.bias == "bayes" else params.b)
@@ -392,14 +373,6 @@ class LowRankDense(_Layer):
             out = x @ (weights.A @ weights.B.T)
         return out if weights.b is None else out + weights.b
 
-    def _log_ratio(self, params, weights, prior):
-        lr = (_log_q(params.A, weights.A, self.family) - _prior_sum(prior, weights.A)
-              + _log_q(params.B, weights.B, self.family) - _prior_sum(prior, weights.B))
-        return lr + _bias_log_ratio(params.b, weights.b, prior, self.family)
-
-    def _exact_kl(self, params, prior):
-        return _exact_kl_mf(params.A, prior) + _exact_kl_mf(params.B, prior) + _bias_exact_kl(params.b, prior)
-
     def num_params(self) -> int:
         """``2 r (n_in + n_out)`` plus the bias (paper Sec. 2.1, Table 4)."""
         return 2 * self.rank * (self.n_in + self.n_out) + _bias_count(self.bias, self.n_out)
@@ -412,15 +385,7 @@ class LowRankDense(_Layer):
         if W.shape != (self.n_in, self.n_out):
             raise ValueError(f"{self._where()}: det_params.W must have shape {(self.n_in, self.n_out)}, "
                              f"got {tuple(W.shape)}")
-        r = min(self.rank, min(W.shape))
-        mu_a, mu_b = svd_factors(W, r)
-        if r < self.rank:  # overcomplete: pad with zero columns (W_r unchanged)
-            mu_a = jnp.pad(mu_a, ((0, 0), (0, self.rank - r)))
-            mu_b = jnp.pad(mu_b, ((0, 0), (0, self.rank - r)))
-        kra, krb = jax.random.split(key)
-        s = self.factor_scale
-        A = MeanField(mu_a, _init_rho(kra, mu_a.shape, W.dtype, self.eta * s, self.rho_range))
-        B = MeanField(mu_b, _init_rho(krb, mu_b.shape, W.dtype, self.eta * s, self.rho_range))
+        A, B = _svd_mean_fields(W, self.rank, key, self.eta * self.factor_scale, self.rho_range)
         return LowRankParams(A, B, _bias_from(self.bias, det_params.b, self.n_out, W.dtype, self.bias_rho))
 
     def mean_weight(self, params):
@@ -429,7 +394,7 @@ class LowRankDense(_Layer):
 
 
 @dataclasses.dataclass(frozen=True)
-class Rank1Dense(_Layer):
+class Rank1Dense(_UniformRhoLayer):
     """Rank-1 multiplicative layer (Dusenberry et al. 2020; paper App. I.1): ``W = W_bar o (s r^T)``.
 
     ``W_bar`` is deterministic (``init`` ``"glorot"`` or ``"he"``); ``s`` (``n_in``) and ``r`` (``n_out``) are
@@ -454,9 +419,6 @@ class Rank1Dense(_Layer):
             values, ``perturbation`` is negative or ``rho_range`` is not a finite pair ``low <= high``.
     """
 
-    n_in: int
-    n_out: int
-    family: str = "gaussian"
     bias: str = "deterministic"
     init_method: str = "glorot"
     perturbation: float = 0.1
@@ -464,19 +426,6 @@ class Rank1Dense(_Layer):
     bias_rho: float = -5.0
     bias_init: float = 0.0
     kind = "rank1"
-
-    def __post_init__(self):
-        where = self._where()
-        _check_int(self.n_in, "n_in", where)
-        _check_int(self.n_out, "n_out", where)
-        _check_choice(self.family, FAMILIES, "family", where)
-        _check_choice(self.bias, _BIASES, "bias", where)
-        _check_choice(self.init_method, ("glorot", "he"), "init", where)
-        if not (math.isfinite(float(self.perturbation)) and float(self.perturbation) >= 0):
-            raise ValueError(f"{where}: perturbation must be >= 0, got {self.perturbation!r}")
-        object.__setattr__(self, "rho_range", _check_range(self.rho_range, "rho_range", where))
-        if self.rho_range is None:
-            raise ValueError(f"{where}: rho_range must be a pair (low, high)")
 
     def _vectors(self, key, dtype):
         ks, kr, kps, kpr = jax.random.split(key, 4)
@@ -486,6 +435,10 @@ class Rank1Dense(_Layer):
         r = MeanField(1.0 + jax.random.uniform(kr, (self.n_out,), dtype, -p, p),
                       _init_rho(kpr, (self.n_out,), dtype, None, self.rho_range))
         return s, r
+
+    def _check_scales(self, where: str):
+        if not (math.isfinite(float(self.perturbation)) and float(self.perturbation) >= 0):
+            raise ValueError(f"{where}: perturbation must be >= 0, got {self.perturbation!r}")
 
     def _init_impl(self, key, dtype=jnp.float32) -> Rank1Params:
         """Draw ``Rank1Params(W_bar, s, r, b)``."""
@@ -498,9 +451,6 @@ class Rank1Dense(_Layer):
     def _noise_shapes(self):
         return ((self.n_in,), (self.n_out,)) + (((self.n_out,),) if self.bias == "bayes" else ())
 
-    def _mf_list(self, params):
-        return [params.s, params.r] + ([params.b] if self.bias == "bayes" else [])
-
     def _assemble(self, params, vals) -> Rank1Weights:
         """Weights from the drawn ``s, r`` (and bias), ``W_bar`` fixed."""
         return Rank1Weights(params.W, vals[0], vals[1], vals[2] if self.bias == "bayes" else params.b)
@@ -510,14 +460,6 @@ class Rank1Dense(_Layer):
         out = ((x * weights.s) @ weights.W) * weights.r
         return out if weights.b is None else out + weights.b
 
-    def _log_ratio(self, params, weights, prior):
-        lr = (_log_q(params.s, weights.s, self.family) - _prior_sum(prior, weights.s)
-              + _log_q(params.r, weights.r, self.family) - _prior_sum(prior, weights.r))
-        return lr + _bias_log_ratio(params.b, weights.b, prior, self.family)
-
-    def _exact_kl(self, params, prior):
-        return _exact_kl_mf(params.s, prior) + _exact_kl_mf(params.r, prior) + _bias_exact_kl(params.b, prior)
-
     def num_params(self) -> int:
         """``n_in n_out + 2 (n_in + n_out)`` plus the bias (Table 4: ``mn + 2(m + n)``)."""
         return self.n_in * self.n_out + 2 * (self.n_in + self.n_out) + _bias_count(self.bias, self.n_out)
@@ -525,9 +467,7 @@ class Rank1Dense(_Layer):
     def from_deterministic(self, det_params: DenseParams, key) -> Rank1Params:
         """``W_bar = W``; ``s, r`` means 1 (so ``E[W] = W`` at the start), ``rho ~ U(rho_range)``."""
         W = jnp.asarray(det_params.W)
-        ks, kr = jax.random.split(key)
-        s = MeanField(jnp.ones((self.n_in,), W.dtype), _init_rho(ks, (self.n_in,), W.dtype, None, self.rho_range))
-        r = MeanField(jnp.ones((self.n_out,), W.dtype), _init_rho(kr, (self.n_out,), W.dtype, None, self.rho_range))
+        s, r = _unit_mean_fields(key, (self.n_in, self.n_out), W.dtype, self.rho_range)
         return Rank1Params(W, s, r, _bias_from(self.bias, det_params.b, self.n_out, W.dtype, self.bias_rho))
 
     def mean_weight(self, params):

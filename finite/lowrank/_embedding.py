@@ -12,37 +12,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from finite.lowrank import _pytrees
 from finite.lowrank._dense import Rank1Dense
 from finite.lowrank._meanfield import (
     MeanField,
     _draw,
-    _exact_kl_mf,
     _init_rho,
-    _log_q,
-    _prior_sum,
     _sample_mf,
     _std_noise,
-    svd_factors,
+    _svd_mean_fields,
+    _unit_mean_fields,
 )
-from finite.lowrank._pytrees import (
-    BBBParams,
-    DenseParams,
-    DenseWeights,
-    FactorWeights,
-    LowRankParams,
-    Rank1Params,
-    Rank1Weights,
-)
-from finite.lowrank._stochastic import _as_array, _det_init, _jit_apply, _Stochastic
-from finite.lowrank._validation import (
-    FAMILIES,
-    KINDS,
-    _check_choice,
-    _check_int,
-    _check_pos,
-    _check_range,
-    _float_dtype,
-)
+from finite.lowrank._stochastic import _as_array, _det_init, _Stochastic
+from finite.lowrank._validation import KINDS, _check_choice, _check_pos, _float_dtype
 
 __all__ = ["DeterministicEmbedding", "BBBEmbedding", "LowRankEmbedding", "Rank1Embedding", "embedding"]
 
@@ -60,8 +42,14 @@ def _check_tokens(tokens, vocab: int, where: str):
                          f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
 
 
+@dataclasses.dataclass(frozen=True)
 class _Embedding(_Stochastic):
-    """Shared plumbing of the embeddings (kind-specific: ``lookup``, ``sample``, ``_log_ratio``, ``_exact_kl``)."""
+    """Shared plumbing of the embeddings: the leading fields ``vocab``, ``dim``, the checks on construction,
+    ``apply`` (kind-specific: ``_check_scales``, ``lookup``, ``sample``)."""
+
+    vocab: int
+    dim: int
+    _SIZES = ("vocab", "dim")
 
     def _where(self):
         return f"{type(self).__name__}({self.vocab}x{self.dim})"
@@ -70,9 +58,7 @@ class _Embedding(_Stochastic):
         """Embeddings of ``tokens`` (integer array of any shape) at one draw; shape ``tokens.shape + (dim,)``."""
         tokens = _as_array(tokens)
         _check_tokens(tokens, self.vocab, self._where())
-        if key is None and self.kind != "deterministic":
-            raise ValueError(f"{self._where()}: key must be a PRNG key for a Bayesian embedding, got None")
-        return _jit_apply(self, params, tokens, key)
+        return self._keyed_apply(params, tokens, key, "embedding")
 
     def _apply_impl(self, params, tokens, key):
         return self.lookup(params, tokens, key)
@@ -90,31 +76,22 @@ class DeterministicEmbedding(_Embedding):
         ValueError: on construction, if ``vocab`` or ``dim`` is not a positive integer.
     """
 
-    vocab: int
-    dim: int
     kind = "deterministic"
 
-    def __post_init__(self):
-        _check_int(self.vocab, "vocab", self._where())
-        _check_int(self.dim, "dim", self._where())
+    def _check_options(self, where: str):
+        pass
 
     def _init_impl(self, key, dtype=jnp.float32):
         """``DenseParams(E, None)``."""
-        return DenseParams(_det_init(key, (self.vocab, self.dim), _float_dtype(dtype), "uniform"), None)
+        return _pytrees.DenseParams(_det_init(key, (self.vocab, self.dim), _float_dtype(dtype), "uniform"), None)
 
     def sample(self, params, key=None):
         """The table."""
-        return DenseWeights(params.W, None)
+        return _pytrees.DenseWeights(params.W, None)
 
     def lookup(self, params, tokens, key=None):
         """``E[tokens]``."""
         return jnp.take(params.W, tokens, axis=0)
-
-    def _log_ratio(self, params, weights, prior):
-        return jnp.zeros((), params.W.dtype)
-
-    def _exact_kl(self, params, prior):
-        return jnp.zeros((), params.W.dtype)
 
     def num_params(self) -> int:
         """``V d``."""
@@ -122,7 +99,7 @@ class DeterministicEmbedding(_Embedding):
 
     def from_deterministic(self, det_params, key=None):
         """A copy of the table."""
-        return DenseParams(det_params.W, None)
+        return _pytrees.DenseParams(det_params.W, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,20 +119,13 @@ class BBBEmbedding(_Embedding):
             ``mean_scale`` is not positive or ``rho_range`` is not a finite pair ``low <= high``.
     """
 
-    vocab: int
-    dim: int
     family: str = "gaussian"
     mean_scale: float = 0.2
     rho_range: tuple = (-5.0, -4.0)
     kind = "bbb"
 
-    def __post_init__(self):
-        where = self._where()
-        _check_int(self.vocab, "vocab", where)
-        _check_int(self.dim, "dim", where)
-        _check_choice(self.family, FAMILIES, "family", where)
+    def _check_scales(self, where: str):
         _check_pos(self.mean_scale, "mean_scale", where)
-        object.__setattr__(self, "rho_range", _check_range(self.rho_range, "rho_range", where))
 
     def _init_impl(self, key, dtype=jnp.float32):
         """``BBBParams(MeanField(mu, rho), None)``."""
@@ -163,24 +133,18 @@ class BBBEmbedding(_Embedding):
         k1, k2 = jax.random.split(key)
         shape = (self.vocab, self.dim)
         mu = jax.random.uniform(k1, shape, dtype, -self.mean_scale, self.mean_scale)
-        return BBBParams(MeanField(mu, _init_rho(k2, shape, dtype, None, self.rho_range)), None)
+        return _pytrees.BBBParams(MeanField(mu, _init_rho(k2, shape, dtype, None, self.rho_range)), None)
 
     def sample(self, params, key):
         """The full table at one draw (row ``v``'s noise from ``fold_in(key, v)``)."""
         eps = _row_noise(key, jnp.arange(self.vocab), (self.dim,), self.family, params.W.mu.dtype)
-        return DenseWeights(_draw(params.W, eps), None)
+        return _pytrees.DenseWeights(_draw(params.W, eps), None)
 
     def lookup(self, params, tokens, key):
         """Rows of the table for ``tokens`` only, equal to ``sample(params, key).W[tokens]``."""
         eps = _row_noise(key, tokens, (self.dim,), self.family, params.W.mu.dtype)
         mf = MeanField(jnp.take(params.W.mu, tokens, axis=0), jnp.take(params.W.rho, tokens, axis=0))
         return _draw(mf, eps)
-
-    def _log_ratio(self, params, weights, prior):
-        return _log_q(params.W, weights.W, self.family) - _prior_sum(prior, weights.W)
-
-    def _exact_kl(self, params, prior):
-        return _exact_kl_mf(params.W, prior)
 
     def num_params(self) -> int:
         """``2 V d``."""
@@ -189,7 +153,7 @@ class BBBEmbedding(_Embedding):
     def from_deterministic(self, det_params, key):
         """``mu = E``, ``rho ~ U(rho_range)``."""
         E = jnp.asarray(det_params.W)
-        return BBBParams(MeanField(E, _init_rho(key, E.shape, E.dtype, None, self.rho_range)), None)
+        return _pytrees.BBBParams(MeanField(E, _init_rho(key, E.shape, E.dtype, None, self.rho_range)), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,8 +180,6 @@ class LowRankEmbedding(_Embedding):
             ``rho_range`` is not a finite pair ``low <= high``.
     """
 
-    vocab: int
-    dim: int
     rank: int
     family: str = "gaussian"
     eta: float = 0.1
@@ -226,17 +188,9 @@ class LowRankEmbedding(_Embedding):
     overcomplete: bool = False
     kind = "lowrank"
 
-    def __post_init__(self):
-        where = self._where()
-        _check_int(self.vocab, "vocab", where)
-        _check_int(self.dim, "dim", where)
-        _check_int(self.rank, "rank", where)
-        if self.rank > min(self.vocab, self.dim) and not self.overcomplete:
-            raise ValueError(f"{where}: rank {self.rank} exceeds min(vocab, dim) = {min(self.vocab, self.dim)}")
-        _check_choice(self.family, FAMILIES, "family", where)
+    def _check_scales(self, where: str):
         _check_pos(self.eta, "eta", where)
         _check_pos(self.target_var, "target_var", where)
-        object.__setattr__(self, "rho_range", _check_range(self.rho_range, "rho_range", where))
 
     @property
     def factor_scale(self) -> float:
@@ -251,13 +205,13 @@ class LowRankEmbedding(_Embedding):
         sa, sb = (self.vocab, self.rank), (self.dim, self.rank)
         A = MeanField(jax.random.normal(ka, sa, dtype) * s, _init_rho(kra, sa, dtype, self.eta * s, self.rho_range))
         B = MeanField(jax.random.normal(kb, sb, dtype) * s, _init_rho(krb, sb, dtype, self.eta * s, self.rho_range))
-        return LowRankParams(A, B, None)
+        return _pytrees.LowRankParams(A, B, None)
 
     def sample(self, params, key):
         """Full ``(A, B)`` at one draw (row ``v`` of ``A`` from ``fold_in(key_A, v)``)."""
         ka, kb = jax.random.split(key)
         eps = _row_noise(ka, jnp.arange(self.vocab), (self.rank,), self.family, params.A.mu.dtype)
-        return FactorWeights(_draw(params.A, eps), _sample_mf(params.B, kb, self.family), None)
+        return _pytrees.FactorWeights(_draw(params.A, eps), _sample_mf(params.B, kb, self.family), None)
 
     def lookup(self, params, tokens, key):
         """``A[tokens] @ B^T`` sampling only the rows of ``A`` that are looked up."""
@@ -266,30 +220,15 @@ class LowRankEmbedding(_Embedding):
         rows = _draw(MeanField(jnp.take(params.A.mu, tokens, axis=0), jnp.take(params.A.rho, tokens, axis=0)), eps)
         return rows @ _sample_mf(params.B, kb, self.family).T
 
-    def _log_ratio(self, params, weights, prior):
-        return (_log_q(params.A, weights.A, self.family) - _prior_sum(prior, weights.A)
-                + _log_q(params.B, weights.B, self.family) - _prior_sum(prior, weights.B))
-
-    def _exact_kl(self, params, prior):
-        return _exact_kl_mf(params.A, prior) + _exact_kl_mf(params.B, prior)
-
     def num_params(self) -> int:
         """``2 r (V + d)``."""
         return 2 * self.rank * (self.vocab + self.dim)
 
     def from_deterministic(self, det_params, key):
         """SVD initialisation of the table (App. F.9)."""
-        E = jnp.asarray(det_params.W)
-        r = min(self.rank, min(E.shape))
-        mu_a, mu_b = svd_factors(E, r)
-        if r < self.rank:
-            mu_a = jnp.pad(mu_a, ((0, 0), (0, self.rank - r)))
-            mu_b = jnp.pad(mu_b, ((0, 0), (0, self.rank - r)))
-        kra, krb = jax.random.split(key)
-        s = self.factor_scale
-        return LowRankParams(MeanField(mu_a, _init_rho(kra, mu_a.shape, E.dtype, self.eta * s, self.rho_range)),
-                             MeanField(mu_b, _init_rho(krb, mu_b.shape, E.dtype, self.eta * s, self.rho_range)),
-                             None)
+        A, B = _svd_mean_fields(jnp.asarray(det_params.W), self.rank, key, self.eta * self.factor_scale,
+                                self.rho_range)
+        return _pytrees.LowRankParams(A, B, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,19 +252,10 @@ class Rank1Embedding(_Embedding):
             ``rho_range`` is not a finite pair ``low <= high``.
     """
 
-    vocab: int
-    dim: int
     family: str = "gaussian"
     perturbation: float = 0.1
     rho_range: tuple = (-5.0, -4.0)
     kind = "rank1"
-
-    def __post_init__(self):
-        where = self._where()
-        _check_int(self.vocab, "vocab", where)
-        _check_int(self.dim, "dim", where)
-        _check_choice(self.family, FAMILIES, "family", where)
-        object.__setattr__(self, "rho_range", _check_range(self.rho_range, "rho_range", where))
 
     def _init_impl(self, key, dtype=jnp.float32):
         """``Rank1Params(E_bar, s, r, None)``."""
@@ -334,13 +264,13 @@ class Rank1Embedding(_Embedding):
         spec = Rank1Dense(self.vocab, self.dim, family=self.family, perturbation=self.perturbation,
                           rho_range=self.rho_range, bias="none")
         s, r = spec._vectors(kv, dtype)
-        return Rank1Params(_det_init(kw, (self.vocab, self.dim), dtype, "uniform"), s, r, None)
+        return _pytrees.Rank1Params(_det_init(kw, (self.vocab, self.dim), dtype, "uniform"), s, r, None)
 
     def sample(self, params, key):
         """``(E_bar, s, r)`` at one draw (``s_v`` from ``fold_in(key_s, v)``)."""
         ks, kr = jax.random.split(key)
         eps = _row_noise(ks, jnp.arange(self.vocab), (), self.family, params.W.dtype)
-        return Rank1Weights(params.W, _draw(params.s, eps), _sample_mf(params.r, kr, self.family), None)
+        return _pytrees.Rank1Weights(params.W, _draw(params.s, eps), _sample_mf(params.r, kr, self.family), None)
 
     def lookup(self, params, tokens, key):
         """``E_bar[tokens] * s[tokens] * r`` sampling only the looked-up ``s_v``."""
@@ -350,13 +280,6 @@ class Rank1Embedding(_Embedding):
         r = _sample_mf(params.r, kr, self.family)
         return jnp.take(params.W, tokens, axis=0) * s[..., None] * r
 
-    def _log_ratio(self, params, weights, prior):
-        return (_log_q(params.s, weights.s, self.family) - _prior_sum(prior, weights.s)
-                + _log_q(params.r, weights.r, self.family) - _prior_sum(prior, weights.r))
-
-    def _exact_kl(self, params, prior):
-        return _exact_kl_mf(params.s, prior) + _exact_kl_mf(params.r, prior)
-
     def num_params(self) -> int:
         """``V d + 2 (V + d)``."""
         return self.vocab * self.dim + 2 * (self.vocab + self.dim)
@@ -364,10 +287,8 @@ class Rank1Embedding(_Embedding):
     def from_deterministic(self, det_params, key):
         """``E_bar = E``, means of ``s, r`` equal to 1."""
         E = jnp.asarray(det_params.W)
-        ks, kr = jax.random.split(key)
-        s = MeanField(jnp.ones((self.vocab,), E.dtype), _init_rho(ks, (self.vocab,), E.dtype, None, self.rho_range))
-        r = MeanField(jnp.ones((self.dim,), E.dtype), _init_rho(kr, (self.dim,), E.dtype, None, self.rho_range))
-        return Rank1Params(E, s, r, None)
+        s, r = _unit_mean_fields(key, (self.vocab, self.dim), E.dtype, self.rho_range)
+        return _pytrees.Rank1Params(E, s, r, None)
 
 
 _EMBED = {"deterministic": DeterministicEmbedding, "bbb": BBBEmbedding, "lowrank": LowRankEmbedding,

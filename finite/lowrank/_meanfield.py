@@ -259,10 +259,26 @@ def _bias_from(bias: str, b, n: int, dtype, bias_rho: float):
     return MeanField(b, jnp.full((n,), bias_rho, dtype))
 
 
+def _mf_log_ratio(factors, draws, prior, family: str):
+    """``sum_t log q(w_t) - log p(w_t)`` over mean-field ``factors`` and their drawn values ``draws`` (at least
+    one), accumulated left to right (``((lq_0 - lp_0) + lq_1) - lp_1 ...``)."""
+    total = None
+    for mf, w in zip(factors, draws):
+        lq = _log_q(mf, w, family)
+        total = lq - _prior_sum(prior, w) if total is None else total + lq - _prior_sum(prior, w)
+    return total
+
+
+def _mf_exact_kl(factors, prior: GaussianPrior):
+    """Closed-form KL of mean-field ``factors`` (at least one) to a :class:`GaussianPrior`, summed left to right."""
+    total = None
+    for mf in factors:
+        total = _exact_kl_mf(mf, prior) if total is None else total + _exact_kl_mf(mf, prior)
+    return total
+
+
 def _bias_log_ratio(b, wb, prior, family: str):
-    if isinstance(b, MeanField):
-        return _log_q(b, wb, family) - _prior_sum(prior, wb)
-    return 0.0
+    return _mf_log_ratio([b], [wb], prior, family) if isinstance(b, MeanField) else 0.0
 
 
 def _bias_exact_kl(b, prior):
@@ -326,3 +342,25 @@ def svd_factors(W, rank: int):
     U, s, Vt = jnp.linalg.svd(W, full_matrices=False)
     root = jnp.sqrt(s[:rank])
     return U[:, :rank] * root, Vt[:rank].T * root
+
+
+def _svd_mean_fields(W, rank: int, key, sigma, rho_range):
+    """Factors ``A, B`` (:class:`MeanField`) warm-started from ``W`` by the SVD (App. F.9): means from
+    :func:`svd_factors`, padded with zero columns up to ``rank`` when ``W`` is thinner (``W_r`` unchanged); ``rho``
+    by ``_init_rho`` with ``sigma`` or ``rho_range``, ``A``'s from the first half of ``split(key)``."""
+    r = min(rank, min(W.shape))
+    mu_a, mu_b = svd_factors(W, r)
+    if r < rank:  # overcomplete: pad with zero columns (W_r unchanged)
+        mu_a = jnp.pad(mu_a, ((0, 0), (0, rank - r)))
+        mu_b = jnp.pad(mu_b, ((0, 0), (0, rank - r)))
+    kra, krb = jax.random.split(key)
+    return (MeanField(mu_a, _init_rho(kra, mu_a.shape, W.dtype, sigma, rho_range)),
+            MeanField(mu_b, _init_rho(krb, mu_b.shape, W.dtype, sigma, rho_range)))
+
+
+def _unit_mean_fields(key, sizes, dtype, rho_range):
+    """Mean-field vectors of the given ``sizes`` with means 1 and ``rho ~ U(rho_range)``, one key of
+    ``split(key, len(sizes))`` each (the rank-1 kinds' warm start: ``E[W] = W_bar`` at the start)."""
+    keys = jax.random.split(key, len(sizes))
+    return tuple(MeanField(jnp.ones((n,), dtype), _init_rho(k, (n,), dtype, None, rho_range))
+                 for k, n in zip(keys, sizes))

@@ -1,6 +1,7 @@
 """Parameter and weight pytrees of the dense layers and embeddings: what ``init`` returns (`DenseParams`,
 `BBBParams`, `LowRankParams`, `Rank1Params`), what ``sample`` draws (`DenseWeights`, `FactorWeights`,
-`Rank1Weights`), and `materialize`, the dense ``W`` of a drawn weight.
+`Rank1Weights`), `materialize`, the dense ``W`` of a drawn weight, and `_FACTOR_FIELDS`, the mean-field factors
+of each kind by field name.
 """
 
 from __future__ import annotations
@@ -103,3 +104,8 @@ def materialize(weights) -> jnp.ndarray:
         return weights.W * weights.s[:, None] * weights.r[None, :]
     raise ValueError(f"materialize: weights must be DenseWeights, FactorWeights or Rank1Weights, "
                      f"got {type(weights).__name__}")
+
+
+#: The mean-field factors of each kind, by field name: the same names in its params (``MeanField``) and in its
+#: drawn weights (arrays). A Bayesian bias ``b`` is not included.
+_FACTOR_FIELDS = {"deterministic": (), "bbb": ("W",), "lowrank": ("A", "B"), "rank1": ("s", "r")}

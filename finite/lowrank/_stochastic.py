@@ -1,7 +1,8 @@
 """What every layer spec and network shares: the cached ``jit`` entry points (one compiled program per spec,
 prior, method and shapes for ``init`` / ``apply`` / ``kl`` / a network's run), the KL dispatch, the deterministic
-initialisers (Glorot, He, orthogonal, uniform) and `_Stochastic`, the ``init`` / ``kl`` / ``kl_at`` base of the
-dense layers and embeddings.
+initialisers (Glorot, He, orthogonal, uniform) and `_Stochastic`, the base of the dense layers and embeddings:
+the checks of their fields on construction, ``init``, the key check of ``apply``, and ``kl`` / ``kl_at`` over
+their mean-field factors.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from finite.lowrank._meanfield import DEFAULT_PRIOR, _check_prior, _kl_method
-from finite.lowrank._validation import _KL_METHODS, _check_choice, _float_dtype
+from finite.lowrank._meanfield import DEFAULT_PRIOR, _check_prior, _kl_method, _mf_exact_kl, _mf_log_ratio
+from finite.lowrank._pytrees import _FACTOR_FIELDS
+from finite.lowrank._validation import _KL_METHODS, FAMILIES, _check_choice, _check_int, _check_range, _float_dtype
 
 
 def _glorot_uniform(key, shape, dtype):
@@ -80,8 +82,62 @@ def _dispatch_kl(spec, params, prior, key, method, where):
 
 
 class _Stochastic:
-    """What dense layers and embeddings share: ``init`` and the KL of their stochastic parameters (subclasses
-    give ``_where``, ``sample``, ``_log_ratio``, ``_exact_kl`` and ``kind``)."""
+    """What dense layers and embeddings share: the checks of their fields on construction, ``init`` and the KL
+    of their stochastic parameters (subclasses give ``_SIZES``, ``_where``, ``sample``, ``kind`` and the checks of
+    their own fields, ``_check_names`` and ``_check_scales``)."""
+
+    #: the two size fields that lead every spec (``("n_in", "n_out")``, ``("vocab", "dim")``)
+    _SIZES = ()
+    #: what a ``rank`` above the smaller size is told to pass, after the error
+    _RANK_HINT = ""
+
+    def __post_init__(self):
+        where = self._where()
+        for name in self._SIZES:
+            _check_int(getattr(self, name), name, where)
+        if self.kind == "lowrank":
+            _check_int(self.rank, "rank", where)
+            sizes = [getattr(self, name) for name in self._SIZES]
+            if self.rank > min(sizes) and not self.overcomplete:
+                raise ValueError(f"{where}: rank {self.rank} exceeds min({', '.join(self._SIZES)}) = {min(sizes)}"
+                                 f"{self._RANK_HINT}")
+        self._check_options(where)
+
+    def _keyed_apply(self, params, x, key, noun: str):
+        """``apply`` of a checked input ``x``: one cached ``jit`` per spec; a Bayesian kind needs a ``key``."""
+        if key is None and self.kind != "deterministic":
+            raise ValueError(f"{self._where()}: key must be a PRNG key for a Bayesian {noun}, got None")
+        return _jit_apply(self, params, x, key)
+
+    def _check_options(self, where: str):
+        """The Bayesian kinds' fields after the sizes (and rank), in this order: ``family``, the kind's names
+        (``_check_names``) and scales (``_check_scales``), then ``rho_range`` (stored as a float pair or None)."""
+        _check_choice(self.family, FAMILIES, "family", where)
+        self._check_names(where)
+        self._check_scales(where)
+        object.__setattr__(self, "rho_range", _check_range(self.rho_range, "rho_range", where))
+
+    def _check_names(self, where: str):
+        pass
+
+    def _check_scales(self, where: str):
+        pass
+
+    def _factors(self, tree) -> list:
+        """The mean-field factors of ``params`` (or their drawn values in ``weights``), bias excluded."""
+        return [getattr(tree, name) for name in _FACTOR_FIELDS[self.kind]]
+
+    def _log_ratio(self, params, weights, prior):
+        """``log q(w) - log p(w)`` of the factors at the drawn ``weights`` (0 for the deterministic kind)."""
+        if self.kind == "deterministic":
+            return jnp.zeros((), params.W.dtype)
+        return _mf_log_ratio(self._factors(params), self._factors(weights), prior, self.family)
+
+    def _exact_kl(self, params, prior):
+        """Closed-form KL of the factors to a Gaussian prior (0 for the deterministic kind)."""
+        if self.kind == "deterministic":
+            return jnp.zeros((), params.W.dtype)
+        return _mf_exact_kl(self._factors(params), prior)
 
     def init(self, key, dtype=jnp.float32):
         """Initial parameters (a NamedTuple / dict pytree) with floating ``dtype`` (default float32), drawn with
