@@ -613,7 +613,7 @@ def _pcg(fn, mesh, n, max_iter, params, blocks, shift, U, lam, pshift, B, tol):
     rz = jnp.sum(B * Z, axis=0)
     done = bnorm == 0
     zeros_hist = jnp.zeros((max_iter, m), B.dtype)
-    init = (0, jnp.zeros_like(B), B, Z, rz, rz, done, jnp.zeros(m, jnp.int32), jnp.where(done, 0.0, 1.0),
+    init = (0, jnp.zeros_like(B), B, Z, rz, done, jnp.zeros(m, jnp.int32), jnp.where(done, 0.0, 1.0),
             zeros_hist, zeros_hist)
 
     def cond(state):
@@ -621,7 +621,7 @@ def _pcg(fn, mesh, n, max_iter, params, blocks, shift, U, lam, pshift, B, tol):
         return (k < max_iter) & ~jnp.all(done)
 
     def body(state):
-        k, X, R, P, rz, rz0, done, iters, res, alphas, betas = state
+        k, X, R, P, rz, done, iters, res, alphas, betas = state
         AP = matmul(P)
         pap = jnp.sum(P * AP, axis=0)
         alpha = jnp.where(done | (pap <= 0), 0.0, rz / jnp.where(pap > 0, pap, 1.0))
@@ -636,10 +636,10 @@ def _pcg(fn, mesh, n, max_iter, params, blocks, shift, U, lam, pshift, B, tol):
         iters = jnp.where(done, iters, k + 1)
         res = jnp.where(done, res, res_new)
         done = done | (res_new <= tol) | (pap <= 0)
-        return k + 1, X, R, Z + beta * P, rz_new, rz0, done, iters, res, alphas, betas
+        return k + 1, X, R, Z + beta * P, rz_new, done, iters, res, alphas, betas
 
-    k, X, _, _, _, rz0, done, iters, res, alphas, betas = lax.while_loop(cond, body, init)
-    return X, k, iters, res, alphas, betas, rz0
+    _, X, _, _, _, _, iters, res, alphas, betas = lax.while_loop(cond, body, init)
+    return X, iters, res, alphas, betas, rz  # rz: r0^T P^-1 r0 per column, the probes' |w|^2
 
 
 def cg(op: KernelOperator, B, *, precond: PivotedCholesky | None = None, tol: float = 1e-6,
@@ -688,7 +688,7 @@ def _run_pcg(op, B, precond, tol, max_iter, *, what, check_cols=None):
         if precond.U.shape[0] != op.n:
             raise ValueError(f"cg: the preconditioner is for N = {precond.U.shape[0]}, the operator has N = {op.n}")
         U, lam, pshift = precond.U.astype(dtype), precond.lam.astype(dtype), precond.shift
-    X, k, iters, res, alphas, betas, rz0 = _pcg(op.fn, op.mesh, op.n, int(max_iter), op.params, op.blocks,
+    X, iters, res, alphas, betas, rz0 = _pcg(op.fn, op.mesh, op.n, int(max_iter), op.params, op.blocks,
                                                 jnp.asarray(op.shift, dtype), U, lam, jnp.asarray(pshift, dtype),
                                                 B, jnp.asarray(tol, dtype))
     cols = slice(None) if check_cols is None else check_cols

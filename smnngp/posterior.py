@@ -771,6 +771,11 @@ class Posterior:
         return matfree.KernelOperator(self.kernel, self.x_train, float(self.noise), tile_size=opts.tile_size,
                                       devices=opts.devices)
 
+    def _preconditioner(self):
+        st = self._state
+        return matfree.PivotedCholesky(None, st["U"], st["lam"], float(self.noise), float(st["precond_trace_error"]),
+                                       None)
+
     def _matfree_marginals(self, x_test):
         """Mean and variance at the test points without the (L, N) cross-kernel where it can be avoided: the
         mean ``k*x alpha`` by column tiles; the variance by CG solves (``variance='solve'``) or LOVE."""
@@ -782,9 +787,7 @@ class Posterior:
         kxx = _evaluator(self.kernel).diag(x_test)
         check_finite(kxx, "k_test_test")
         mean = op.cross_matmul(x_test, self._state["alpha"])
-        st = self._state
-        pc = matfree.PivotedCholesky(None, st["U"], st["lam"], float(self.noise), float(st["precond_trace_error"]),
-                                     None)
+        pc = self._preconditioner()
         var = kxx - matfree.love_variance_reduction(op, x_test, self._solver.love_rank, pc)
         bad = int(jnp.sum(var <= 0))
         if bad:
@@ -808,8 +811,7 @@ class Posterior:
                             "conjugate gradients with host-side convergence checks")
         st, opts = self._state, self._solver
         op = self._operator()
-        pc = matfree.PivotedCholesky(None, st["U"], st["lam"], float(self.noise), float(st["precond_trace_error"]),
-                                     None)
+        pc = self._preconditioner()
         v, _ = matfree.cg(op, kxt.T, precond=pc, tol=opts.tolerance(op.dtype), max_iter=opts.max_iter)
         mean = kxt @ st["alpha"]
         if full_cov:
