@@ -3,7 +3,8 @@
 Usage (from the project root; GPyTorch comes with ``pip install -e ".[bench]"`` after a CPU build of torch)::
 
     python benchmarks/scale.py [--sizes 2000 5000 10000] [--n-test 1000] [--dtype float64] [--repeats 1]
-                               [--cases ours-dense ours-cg gpytorch-chol gpytorch-cg] [--timeout 1800] [--quick]
+                               [--cases ours-dense ours-mixed ours-cg gpytorch-chol gpytorch-cg] [--timeout 1800]
+                               [--quick]
 
 Problem: ``d = 8`` standard-normal inputs, ``y = sin(x w) + 0.1 e`` (one output), an RBF kernel
 (lengthscale 2, variance 1), noise 0.01, 1,000 test points. Each case at each N runs in a fresh process (so that
@@ -11,6 +12,9 @@ its peak memory is its own): one first call, then ``--repeats`` timed calls of t
 variance at every test point); the best of those is the steady time.
 
 * ``ours-dense``: ``posterior.fit(rbf, x, y, InverseGamma(2, 2), noise=0.01, method='dense')`` + ``predict``;
+* ``ours-mixed``: the same with ``method='mixed'`` (float64 inputs): the float32 factor in one float32 buffer,
+  refined by CG with float64 kernel tiles to relative residual ``--mixed-tol`` (1e-10: float64 accuracy), the
+  log-determinant's float32 part exact and its correction by ``--probes`` SLQ probes, variances by CG solves;
 * ``ours-cg``: the same with ``method='cg'``: CG to relative residual ``--tol`` with a pivoted-Cholesky
   preconditioner of rank ``--rank``, ``--probes`` SLQ probes, LOVE variances of ``--love-rank`` steps;
 * ``gpytorch-chol``: GPyTorch's exact GP (fixed hyperparameters), Cholesky forced
@@ -20,9 +24,11 @@ variance at every test point); the best of those is the steady time.
 
 The Student-t process costs what the Gaussian process costs (the same solve and log-determinant), which is why its
 anchor is GPyTorch's Gaussian exact GP. Ratios ours / GPyTorch are taken at the same N between the matching paths
-(dense against Cholesky, matrix-free against CG). Peak memory is the device's peak in use on a GPU, the process's
-peak resident set on the CPU (which includes the runtime's own ~0.3-0.5 GB). A case that fails (out of memory,
-``--timeout``) is recorded as such and larger N is not tried for it.
+(dense and mixed against Cholesky, matrix-free against CG); the mixed path's log ML is also compared with the
+dense one of the same run. Peak memory is the device's peak in use on a GPU, the process's
+peak resident set on the CPU (which includes the runtime's own ~0.3-0.5 GB). Each case may use 95 % of the device
+(``XLA_PYTHON_CLIENT_MEM_FRACTION=.95`` unless set: JAX's default allocator cap is 75 %). A case that fails (out of
+memory, ``--timeout``) is recorded as such and larger N is not tried for it.
 
 Writes ``benchmarks/results/scale-<device>.json`` (``--quick``: ``scale-quick.json``, a smoke test).
 """
@@ -40,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, write_results  # noqa: E402
 
-CASES = ("ours-dense", "ours-cg", "gpytorch-chol", "gpytorch-cg")
+CASES = ("ours-dense", "ours-mixed", "ours-cg", "gpytorch-chol", "gpytorch-cg")
 D, NOISE, LENGTHSCALE = 8, 0.01, 2.0
 
 
@@ -65,8 +71,11 @@ def _ours(args, x, y, xt):
     x, y, xt = (jnp.asarray(a, dt) for a in (x, y, xt))
     kernel = kernels.rbf(LENGTHSCALE, 1.0)
     method = args.case.split("-")[1]
-    opts = matfree.CG(tol=args.tol, precond_rank=args.rank, num_probes=args.probes, variance="love",
-                      love_rank=args.love_rank)
+    if method == "mixed":
+        opts = matfree.CG(tol=args.mixed_tol, num_probes=args.probes, max_iter=args.max_iter)
+    else:
+        opts = matfree.CG(tol=args.tol, precond_rank=args.rank, num_probes=args.probes, variance="love",
+                          love_rank=args.love_rank, max_iter=args.max_iter)
 
     def run():
         post = posterior.fit(kernel, x, y, priors.InverseGamma(2.0, 2.0), noise=NOISE, method=method, cg=opts)
@@ -179,7 +188,8 @@ def main():
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--tol", type=float, default=1e-4)
-    parser.add_argument("--rank", type=int, default=100)
+    parser.add_argument("--mixed-tol", type=float, default=1e-10)
+    parser.add_argument("--rank", type=int, default=1000)
     parser.add_argument("--probes", type=int, default=16)
     parser.add_argument("--love-rank", type=int, default=100)
     parser.add_argument("--max-iter", type=int, default=1000)
@@ -197,18 +207,20 @@ def main():
         args.sizes, args.n_test, args.repeats = [300], 50, 1
     results, failed = [], set()
     passthrough = ["--n-test", str(args.n_test), "--dtype", args.dtype, "--repeats", str(args.repeats),
-                   "--tol", str(args.tol), "--rank", str(args.rank), "--probes", str(args.probes),
+                   "--tol", str(args.tol), "--mixed-tol", str(args.mixed_tol), "--rank", str(args.rank),
+                   "--probes", str(args.probes),
                    "--love-rank", str(args.love_rank), "--max-iter", str(args.max_iter)]
     for n in args.sizes:
         for case in args.cases:
-            if case in failed:
+            if case in failed or case == "ours-mixed" and args.dtype != "float64":
                 continue
             print(f"N = {n:>8,}  {case:<14}", end=" ", flush=True)
             cmd = [sys.executable, __file__, "--worker", "1", "--n", str(n), "--case", case, *passthrough]
             start = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                      env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+                                      env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".95", **os.environ,
+                                           "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
                 ok = proc.returncode == 0 and "RESULT " in proc.stdout
                 rec = json.loads(proc.stdout.split("RESULT ", 1)[1]) if ok else {
                     "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
@@ -218,8 +230,9 @@ def main():
             results.append(rec)
             if ok:
                 steady = rec["steady_s"] if rec["steady_s"] is not None else rec["first_s"]
-                print(f"{steady:9.2f} s  peak {rec['peak_bytes'] / 2**30:7.2f} GiB ({rec['peak_kind']})  "
-                      f"log ML {rec['log_ml']:.6g}", flush=True)
+                rec["peak_over_n2"] = rec["peak_bytes"] / (n * n * (8 if args.dtype == "float64" else 4))
+                print(f"{steady:9.2f} s  (first {rec['first_s']:.1f} s)  peak {rec['peak_bytes'] / 2**30:7.2f} GiB "
+                      f"= {rec['peak_over_n2']:.2f} N^2 ({rec['peak_kind']})  log ML {rec['log_ml']:.6g}", flush=True)
             else:
                 failed.add(case)
                 print(f"failed: {rec['error'][0][:100]}", flush=True)
@@ -230,11 +243,18 @@ def main():
             table[rec["n"], rec["case"]] = rec["steady_s"] if rec["steady_s"] is not None else rec["first_s"]
     ratios = []
     for n in args.sizes:
-        for ours, theirs in (("ours-dense", "gpytorch-chol"), ("ours-cg", "gpytorch-cg")):
+        for ours, theirs in (("ours-dense", "gpytorch-chol"), ("ours-mixed", "gpytorch-chol"),
+                             ("ours-mixed", "ours-dense"), ("ours-cg", "gpytorch-cg")):
             if (n, ours) in table and (n, theirs) in table:
                 r = table[n, ours] / table[n, theirs]
                 ratios.append({"n": n, "ours": ours, "anchor": theirs, "ratio": r})
                 print(f"  N = {n:>8,}  {ours:<11} / {theirs:<14} {r:6.2f}x")
+        lml = {rec["case"]: rec for rec in results if rec["n"] == n and "error" not in rec}
+        if "ours-mixed" in lml and "ours-dense" in lml:
+            gap = abs(lml["ours-mixed"]["log_ml"] - lml["ours-dense"]["log_ml"])
+            se = lml["ours-mixed"]["diagnostics"]["logdet_stderr"] / 2
+            print(f"  N = {n:>8,}  mixed log ML - dense log ML: {gap:.3g} (reported standard error {se:.3g}, "
+                  f"{gap / n:.2g} per point)")
     name = "scale-quick.json" if args.quick else f"scale-{_device_name()}-{args.dtype}.json"
     write_results(args.out or ROOT / "benchmarks" / "results" / name,
                   {"quick": args.quick, "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "n",

@@ -20,6 +20,7 @@ EXPERIMENTS = {
     "ensembles": "experiments.ensembles",
     "lowrank-toy": "experiments.lowrank_toy",
     "lowrank-pm25": "experiments.lowrank_pm25",
+    "pm25-exact": "experiments.pm25_exact",
     "lowrank-mlp": "experiments.lowrank_mlp",
     "lowrank-bounds": "experiments.lowrank_bounds",
     "lowrank-transformer": "experiments.lowrank_transformer",

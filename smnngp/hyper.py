@@ -54,7 +54,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import logsumexp
 
-from smnngp import linalg, models, posterior, priors, stax
+from smnngp import _optim, linalg, matfree, models, posterior, priors, stax
 from smnngp._checks import check_finite
 from smnngp.kernels import ParametricKernel
 from smnngp.models import MODELS
@@ -300,6 +300,17 @@ def _gaussian_terms(apply):
     return terms
 
 
+def _log_ml(model, q, ld, n, n_out, p, u, n_is):
+    """The log marginal likelihood of ``model`` from ``q = tr(Y^T C^-1 Y)`` and ``ln|C|`` (dense or matrix-free)."""
+    if model == "gaussian":
+        return posterior.gaussian_log_ml(q, ld, n, n_out, 1.0)
+    if model == "student_t":
+        return posterior.student_t_log_ml(q, ld, n, n_out, p["a"], p["b"])
+    beta = priors.BurrXII(p["c"], p["k"]).icdf(u)
+    lw = posterior.scaled_log_weights(q, ld, n, n_out, beta)
+    return logsumexp(lw) - jnp.log(n_is)
+
+
 def _loss_fn(model, apply, n_is):
     """``loss(raw, x, y, u) = -log p(Y) / (N C)`` with ``raw = {'kernel': theta, 'noise': ..., prior's ...}``."""
     terms = _gaussian_terms(apply)
@@ -307,17 +318,8 @@ def _loss_fn(model, apply, n_is):
     def loss(raw, x, y, u):
         p = _constrain({k: v for k, v in raw.items() if k != "kernel"})
         q, ld = terms(raw["kernel"], p["noise"], x, y)
-        n = x.shape[0]
-        n_out = y.shape[1]
-        if model == "gaussian":
-            lml = posterior.gaussian_log_ml(q, ld, n, n_out, 1.0)
-        elif model == "student_t":
-            lml = posterior.student_t_log_ml(q, ld, n, n_out, p["a"], p["b"])
-        else:
-            beta = priors.BurrXII(p["c"], p["k"]).icdf(u)
-            lw = posterior.scaled_log_weights(q, ld, n, n_out, beta)
-            lml = logsumexp(lw) - jnp.log(n_is)
-        return -lml / (n * n_out)
+        n, n_out = x.shape[0], y.shape[1]
+        return -_log_ml(model, q, ld, n, n_out, p, u, n_is) / (n * n_out)
 
     return loss
 
@@ -338,7 +340,59 @@ def _step_fn(model, apply, n_is, learning_rate):
     return adam, step
 
 
-def _val_nll(model, kernel, theta, p, x, y, xv, yv, num_samples, key):
+def _matfree_loss_and_grad(model, kernel, n_is, options):
+    """``(loss, grads)(raw, x, y, u)`` of the matrix-free loss (``method='cg'``): ``q`` and ``ln|C|`` from one CG
+    run with SLQ probes (`smnngp.matfree.marginal_terms`), the kernel's gradient by BBMM's estimates
+    (`smnngp.matfree.marginal_terms_grad`: ``-alpha^T K' alpha`` exactly, ``tr(C^-1 K')`` from the probes), the
+    rest (noise, prior parameters) by autodiff of the closed-form log marginal likelihood. Not one jitted
+    function: CG checks its convergence on the host. The probes are fixed (``options.seed``), so the estimated
+    loss is a smooth function of the hyperparameters."""
+
+    def outer(q, ld, rest, n, n_out, u):
+        return -_log_ml(model, q, ld, n, n_out, _constrain(rest), u, n_is) / (n * n_out)
+
+    value_and_grad = jax.jit(jax.value_and_grad(outer, argnums=(0, 1, 2)), static_argnums=(3, 4))
+
+    def loss_and_grad(raw, x, y, u):
+        rest = {k: v for k, v in raw.items() if k != "kernel"}
+        noise = float(_constrain(rest)["noise"])
+        op = matfree.KernelOperator(kernel.with_theta(raw["kernel"]), x, noise, tile_size=options.tile_size,
+                                    devices=options.devices)
+        terms = matfree.marginal_terms(op, y, options)
+        value, (g_q, g_ld, g_rest) = value_and_grad(terms.q, terms.logdet.value, rest, x.shape[0], y.shape[1], u)
+        d_theta, d_shift = matfree.marginal_terms_grad(op, terms, g_q, g_ld)
+        g_rest = dict(g_rest)
+        g_rest["noise"] = g_rest["noise"] + d_shift * (noise - _FLOORS["noise"])  # noise = floor + exp(raw)
+        return value, {"kernel": d_theta, **g_rest}
+
+    return loss_and_grad
+
+
+def _matfree_step_fn(model, kernel, n_is, learning_rate, options):
+    """Adam steps on :func:`_matfree_loss_and_grad` (the signature of :func:`_step_fn`'s ``step``)."""
+    adam = optax.adam(learning_rate)
+    loss_and_grad = _matfree_loss_and_grad(model, kernel, n_is, options)
+
+    @jax.jit
+    def update(raw, grads, opt_state, scale):
+        updates, opt_state = adam.update(grads, opt_state, raw)
+        updates = jax.tree_util.tree_map(lambda g: g * scale, updates)
+        return optax.apply_updates(raw, updates), opt_state
+
+    def step(raw, opt_state, scale, x, y, u):
+        value, grads = loss_and_grad(raw, x, y, u)
+        raw, opt_state = update(raw, grads, opt_state, scale)
+        return raw, opt_state, value
+
+    return adam, step
+
+
+def _val_nll(model, kernel, theta, p, x, y, xv, yv, num_samples, key, options=None):
+    if options is not None:  # matrix-free: the posterior never forms the training kernel
+        post = posterior.fit(kernel.with_theta(theta), x, y, prior_of(model, p), noise=p["noise"],
+                             num_samples=num_samples, key=key, min_ess=0.0, method="cg", cg=options)
+        lpd = post.log_predictive_density(yv, xv)
+        return -float(jnp.mean(lpd)) / (1 if yv.ndim == 1 else yv.shape[1])
     train, test = _kernel_fns(kernel.apply)
     kt = train(theta, x)
     kvt, kvv = test(theta, xv, x)
@@ -381,6 +435,8 @@ def fit_kernel(
     num_val_samples: int = 10_000,
     seed: int = 0,
     progress: bool = False,
+    method: str = "dense",
+    cg: matfree.CG | None = None,
 ) -> FitResult:
     """Fit ``kernel``'s ``theta``, the noise and ``model``'s prior by marginal likelihood; early-stop on validation NLL.
 
@@ -410,6 +466,11 @@ def fit_kernel(
             (``'burr12'``).
         seed: seed of the importance-sampling uniforms and of the validation posterior's key.
         progress: show a tqdm progress bar.
+        method: ``'dense'`` (the training kernel and its Cholesky factor, exact gradients) or ``'cg'``
+            (matrix-free, for N past the dense path's memory: ``q`` by conjugate gradients, ``ln|C|`` by
+            stochastic Lanczos quadrature, the gradient by BBMM's stochastic trace estimates over the same
+            probes, Gardner et al. 2018; validation by a matrix-free posterior).
+        cg: settings of ``method='cg'`` (`smnngp.matfree.CG`; ``None``: its defaults).
 
     Returns:
         :class:`FitResult` at the evaluation with the lowest validation NLL, with the kernel at that ``theta``.
@@ -443,18 +504,35 @@ def fit_kernel(
         start.update(init)
     return _fit(kernel, x, y, xv, yv, model, start, learning_rate=learning_rate, max_steps=max_steps,
                 eval_every=eval_every, patience=patience, max_halvings=max_halvings, num_is_samples=num_is_samples,
-                num_val_samples=num_val_samples, seed=seed, progress=progress, desc=model)
+                num_val_samples=num_val_samples, seed=seed, progress=progress, desc=model, method=method, cg=cg)
+
+
+def _matfree_options(method, cg):
+    """``None`` for the dense loss, else the `smnngp.matfree.CG` settings of the matrix-free one."""
+    if method not in ("dense", "cg"):
+        raise ValueError(f"method must be 'dense' or 'cg', got {method!r}")
+    if cg is not None and not isinstance(cg, matfree.CG):
+        raise TypeError(f"cg must be a smnngp.matfree.CG, got {type(cg).__name__}")
+    if method == "dense":
+        return None
+    return matfree.CG() if cg is None else cg
 
 
 def _fit(kernel, x, y, xv, yv, model, start, *, learning_rate, max_steps, eval_every, patience, max_halvings,
-         num_is_samples, num_val_samples, seed, progress, desc):
+         num_is_samples, num_val_samples, seed, progress, desc, method="dense", cg=None):
     y2 = y[:, None] if y.ndim == 1 else y
-    raw = {"kernel": kernel.theta, **_unconstrain(start)}
+    # strongly typed leaves of x's dtype: Python floats give weakly typed scalars, Adam's updates strongly typed
+    # ones, and `step` would be compiled once for each (a few seconds per model and data shape)
+    raw = jax.tree_util.tree_map(lambda v: jnp.asarray(v, x.dtype), {"kernel": kernel.theta, **_unconstrain(start)})
     key = jax.random.PRNGKey(seed)
     k_u, k_val = jax.random.split(key)
     u = jax.random.uniform(k_u, (num_is_samples,), dtype=x.dtype, minval=1e-12, maxval=1.0 - 1e-12)
-    adam, step = _step_fn(model, kernel.apply, num_is_samples, learning_rate)
-    plateau = optax.contrib.reduce_on_plateau(factor=0.5, patience=patience, rtol=1e-4, atol=0.0)
+    options = _matfree_options(method, cg)
+    if options is None:
+        adam, step = _step_fn(model, kernel.apply, num_is_samples, learning_rate)
+    else:
+        adam, step = _matfree_step_fn(model, kernel, num_is_samples, learning_rate, options)
+    plateau, plateau_update = _optim.plateau(0.5, int(patience))
     opt_state = adam.init(raw)
     plateau_state = plateau.init(raw)
 
@@ -475,7 +553,7 @@ def _fit(kernel, x, y, xv, yv, model, start, *, learning_rate, max_steps, eval_e
     while step_i < max_steps:
         n = min(eval_every, max_steps - step_i)
         for _ in range(n):
-            new_raw, new_opt, value = step(raw, opt_state, plateau_state.scale, x, y2, u)
+            new_raw, new_opt, value = step(raw, opt_state, jnp.asarray(plateau_state.scale, x.dtype), x, y2, u)
             if not bool(jnp.isfinite(value)):
                 break
             raw, opt_state = new_raw, new_opt
@@ -484,7 +562,7 @@ def _fit(kernel, x, y, xv, yv, model, start, *, learning_rate, max_steps, eval_e
             bar.update(n)
         p = values(raw)
         try:
-            vnll = _val_nll(model, kernel, raw["kernel"], p, x, y, xv, yv, num_val_samples, k_val)
+            vnll = _val_nll(model, kernel, raw["kernel"], p, x, y, xv, yv, num_val_samples, k_val, options)
         except (np.linalg.LinAlgError, FloatingPointError, ValueError):
             vnll = math.inf
         history.append({"step": step_i, "loss": float(value), "val_nll": vnll, "lr_scale": float(plateau_state.scale)})
@@ -492,8 +570,8 @@ def _fit(kernel, x, y, xv, yv, model, start, *, learning_rate, max_steps, eval_e
             best = (vnll, p, step_i, raw["kernel"])
         if bar is not None:
             bar.set_postfix(loss=f"{float(value):.3f}", val_nll=f"{vnll:.3f}")
-        monitored = jnp.asarray(vnll if math.isfinite(vnll) else 1e30)
-        _, plateau_state = plateau.update(updates=raw, state=plateau_state, value=monitored)
+        monitored = jnp.asarray(vnll if math.isfinite(vnll) else 1e30, x.dtype)
+        plateau_state = plateau_update(plateau_state, monitored)
         if not bool(jnp.isfinite(value)) or float(plateau_state.scale) < 0.5**max_halvings * 1.0001:
             break
     if bar is not None:
@@ -523,6 +601,8 @@ def fit_hyperparameters(
     num_val_samples: int = 10_000,
     seed: int = 0,
     progress: bool = False,
+    method: str = "dense",
+    cg: matfree.CG | None = None,
 ) -> FitResult:
     """:func:`fit_kernel` for the MLP (module docstring): ``init`` may set any of :func:`default_init`'s values.
 
@@ -546,6 +626,8 @@ def fit_hyperparameters(
         num_val_samples: prior samples of the importance-sampling posterior for the validation NLL.
         seed: seed of the importance-sampling uniforms and of the validation posterior's key.
         progress: show a tqdm progress bar.
+        method: ``'dense'`` or ``'cg'`` (matrix-free), as in :func:`fit_kernel`.
+        cg: settings of ``method='cg'``.
 
     Returns:
         :class:`FitResult` of the best validation NLL, with ``depth`` and ``activation`` set and the MLP scales,
@@ -573,7 +655,7 @@ def fit_hyperparameters(
     fit = _fit(kernel, x, y, xv, yv, model, rest, learning_rate=learning_rate, max_steps=max_steps,
                eval_every=eval_every, patience=patience, max_halvings=max_halvings, num_is_samples=num_is_samples,
                num_val_samples=num_val_samples, seed=seed, progress=progress,
-               desc=f"{model} d={depth} {activation}")
+               desc=f"{model} d={depth} {activation}", method=method, cg=cg)
     # sorted by name, the order these results have always been reported (and recorded) in
     return dataclasses.replace(fit, depth=depth, activation=activation, params=dict(sorted(fit.params.items())))
 
@@ -695,7 +777,7 @@ def fit_burr_given_kernel(
     q, ld = jnp.sum(y2 * alpha), linalg.logdet(chol.L)
     n, n_out = y2.shape
     start = {**{n_: models.PRIOR_DEFAULTS[n_] for n_ in models.PRIOR_PARAMS["burr12"]}, "scale": 1.0, **(init or {})}
-    raw = _unconstrain(start)
+    raw = jax.tree_util.tree_map(lambda v: jnp.asarray(v, x.dtype), _unconstrain(start))  # strong types (see _fit)
     u = jax.random.uniform(jax.random.PRNGKey(seed), (num_is_samples,), dtype=x.dtype, minval=1e-12,
                            maxval=1.0 - 1e-12)
 

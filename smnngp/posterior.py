@@ -56,7 +56,7 @@ import numpyro.distributions as dist
 from jax.scipy.special import gammaln, logsumexp, ndtr, ndtri
 
 from smnngp import kernels as _kernels
-from smnngp import linalg, matfree, priors
+from smnngp import linalg, matfree, priors, shifts
 from smnngp._checks import check_finite
 
 __all__ = [
@@ -667,8 +667,11 @@ class Posterior:
 
     @property
     def method(self) -> str:
-        """``'dense'`` (a Cholesky factor or eigendecomposition) or ``'cg'`` (matrix-free, `smnngp.matfree`)."""
-        return "dense" if self._solver is None else "cg"
+        """``'dense'`` (a Cholesky factor or eigendecomposition), ``'mixed'`` (a float32 factor refined by float64
+        conjugate gradients) or ``'cg'`` (matrix-free, `smnngp.matfree`)."""
+        if self._solver is None:
+            return "dense"
+        return "mixed" if "L32" in self._state else "cg"
 
     @property
     def diagnostics(self) -> dict:
@@ -679,8 +682,15 @@ class Posterior:
             st = self._state
             out.update(cg_iterations=int(st["cg_iterations"]), cg_residual=float(st["cg_residual"]),
                        tol=float(st["cg_tol"]), logdet_stderr=float(st["logdet_stderr"]),
-                       num_probes=self._solver.num_probes, precond_rank=int(st["U"].shape[1]),
-                       precond_trace_error=float(st["precond_trace_error"]))
+                       num_probes=self._solver.num_probes)
+            if "L32" in st:
+                out.update(precond=f"{jnp.dtype(st['L32'].dtype).name} Cholesky",
+                           precond_jitter=float(st["precond_jitter"]))
+            else:
+                out.update(precond="pivoted Cholesky", precond_rank=int(st["U"].shape[1]),
+                           precond_trace_error=float(st["precond_trace_error"]))
+            if "grid_t" in st:
+                out.update(shift_nodes=int(st["grid_nodes"]), interpolation_error=float(st["interpolation_error"]))
         return out
 
     @property
@@ -773,6 +783,8 @@ class Posterior:
 
     def _preconditioner(self):
         st = self._state
+        if "L32" in st:
+            return matfree.DenseCholesky(st["L32"], float(st["precond_jitter"]))
         return matfree.PivotedCholesky(None, st["U"], st["lam"], float(self.noise), float(st["precond_trace_error"]),
                                        None)
 
@@ -780,7 +792,7 @@ class Posterior:
         """Mean and variance at the test points without the (L, N) cross-kernel where it can be avoided: the
         mean ``k*x alpha`` by column tiles; the variance by CG solves (``variance='solve'``) or LOVE."""
         x_test = self._check_x_test(x_test)
-        if self._solver.variance == "solve":
+        if self._solver.variance == "solve" or "L32" in self._state:  # mixed: CG takes a few iterations
             kxt, kxx = self._test_kernels(x_test, None, None, full_cov=False)
             return self._latent(kxt, kxx, False)
         op = self._operator()
@@ -818,6 +830,39 @@ class Posterior:
             return mean, kxx - kxt @ v
         return mean, jnp.clip(kxx - jnp.sum(kxt.T * v, axis=0), 0.0, None)
 
+    def _grid_nodes(self, kxt, full_cov):
+        """At each shift node ``s_g`` of an unscaled matrix-free fit: the conditional mean ``k*x (K + s_g I)^-1 Y``
+        (G, L, C) and the variance reduction ``k*x (K + s_g I)^-1 kx*`` (G, L), or (G, L, L) with ``full_cov``, by
+        one preconditioned CG run over the test columns per node."""
+        if not _concrete(kxt, self._state, self.x_train, self.noise):
+            raise TypeError("a matrix-free posterior (method='cg') predicts outside jit/vmap: its solves run "
+                            "conjugate gradients with host-side convergence checks")
+        st, opts = self._state, self._solver
+        op = self._operator()
+        pc = matfree.PivotedCholesky(None, st["U"], st["lam"], 1.0, float(st["precond_trace_error"]), None)
+        means, reductions = [], []
+        for g, t in enumerate(np.asarray(st["grid_t"])):
+            shift = math.exp(float(t))
+            v, _ = matfree.cg(op.with_shift(shift), kxt.T, precond=pc._replace(shift=shift),
+                              tol=opts.tolerance(op.dtype), max_iter=opts.max_iter)
+            means.append(kxt @ st["grid_alpha"][g])
+            reductions.append(kxt @ v if full_cov else jnp.sum(kxt.T * v, axis=0))
+        return jnp.stack(means), jnp.stack(reductions)
+
+    def _grid_basis(self, beta):
+        """(S, G) spline weights of each sample's shift ``noise / beta`` on the fit's nodes."""
+        t = np.log(float(self.noise) / np.asarray(beta, float))
+        return jnp.asarray(shifts.spline_basis(np.asarray(self._state["grid_t"]), t), self._state["grid_alpha"].dtype)
+
+    def _grid_pieces(self, kxt, kxx):
+        """Per retained sample: mean (S, L, C) and latent variance (S, L), as the dense unscaled branch gives."""
+        beta = self._scale_samples()[0]
+        m_g, r_g = self._grid_nodes(kxt, False)
+        B = self._grid_basis(beta)
+        mean = jnp.einsum("sg,glc->slc", B, m_g)
+        var = beta[:, None] * (kxx[None, :] - B @ r_g)
+        return mean, jnp.clip(var, 0.0, None)
+
     def _marginal_pieces(self, x_test, k_test_train, k_test_test):
         """Noise-free predictive pieces at the test points: (mean, variance).
 
@@ -836,11 +881,21 @@ class Posterior:
             if (hit is not None and hit[0].shape == x.shape and hit[0].dtype == x.dtype
                     and np.array_equal(np.asarray(hit[0]), np.asarray(x))):
                 return hit[1]
-        if self._solver is not None and k_test_train is None:
+        if "grid_t" in self._state:  # unscaled noise, matrix-free: splines through solves at a few shifts
+            kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
+            pieces = self._grid_pieces(kxt, kxx)
+        elif self._solver is not None and k_test_train is None:
             pieces = self._matfree_marginals(x_test)
         elif self.noise_model == "scaled":
-            kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
-            pieces = self._latent(kxt, kxx, False)
+            chunk = _test_chunk(self.n_train)
+            if k_test_train is None and x_test is not None and jnp.shape(x_test)[0] > chunk:
+                # many test points: the (L, N) cross-kernel and its solve a chunk of rows at a time
+                parts = [self._latent(*self._test_kernels(x_test[i:i + chunk], None, None, False), False)
+                         for i in range(0, jnp.shape(x_test)[0], chunk)]
+                pieces = tuple(jnp.concatenate(p) for p in zip(*parts))
+            else:
+                kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
+                pieces = self._latent(kxt, kxx, False)
         else:
             kxt, kxx = self._test_kernels(x_test, k_test_train, k_test_test, full_cov=False)
             st = self._state
@@ -914,16 +969,22 @@ class Posterior:
             cov = jnp.broadcast_to((e_beta * s_star)[..., None], (n_test, n_test, self.n_out))
             cov = jnp.where(jnp.isinf(e_beta), jnp.inf, cov)
         else:
-            st = self._state
-            lam, U, yt = st["lam"], st["U"], st["ytilde"]
             beta, log_w = self._scale_samples()
             w = jnp.exp(log_w)
-            P = kxt @ U
-            dinv = 1.0 / (beta[:, None] * lam[None, :] + self.noise)  # (S, N)
-            within = jnp.sum(w * beta) * kxx - (P * jnp.sum((w * beta**2)[:, None] * dinv, axis=0)) @ P.T
+            if "grid_t" in self._state:  # matrix-free: splines through the shift nodes
+                m_g, r_g = self._grid_nodes(kxt, True)
+                B = self._grid_basis(beta)
+                within = jnp.sum(w * beta) * kxx - jnp.einsum("g,gij->ij", (w * beta) @ B, r_g)
+                means = jnp.einsum("sg,glc->slc", B, m_g)
+            else:
+                st = self._state
+                lam, U, yt = st["lam"], st["U"], st["ytilde"]
+                P = kxt @ U
+                dinv = 1.0 / (beta[:, None] * lam[None, :] + self.noise)  # (S, N)
+                within = jnp.sum(w * beta) * kxx - (P * jnp.sum((w * beta**2)[:, None] * dinv, axis=0)) @ P.T
+                means = beta[:, None, None] * jnp.einsum("ln,sn,nc->slc", P, dinv, yt)  # (S, L, C)
             if noisy:
                 within = within + self.noise * eye
-            means = beta[:, None, None] * jnp.einsum("ln,sn,nc->slc", P, dinv, yt)  # (S, L, C)
             dev = jnp.sqrt(w)[:, None, None] * (means - jnp.sum(w[:, None, None] * means, axis=0))
             cov = within[..., None] + jnp.einsum("slc,skc->lkc", dev, dev)
         return self._squeeze(cov)
@@ -947,16 +1008,27 @@ class Posterior:
             z = jax.random.normal(k_z, z_shape, dtype=cov.dtype)
             out = mean[None] + jnp.sqrt(beta)[:, None, None] * jnp.einsum("ij,sjc->sic", chol, z)
         else:
-            st = self._state
-            lam, U, yt = st["lam"], st["U"], st["ytilde"]
-            P = kxt @ U
+            if "grid_t" in self._state:  # matrix-free: splines through the shift nodes
+                m_g, r_g = self._grid_nodes(kxt, True)
+                B = self._grid_basis(beta)
+
+                def conditional(i):
+                    return (jnp.einsum("g,glc->lc", B[i], m_g),
+                            beta[i] * (kxx - jnp.einsum("g,gij->ij", B[i], r_g)))
+            else:
+                st = self._state
+                lam, U, yt = st["lam"], st["U"], st["ytilde"]
+                P = kxt @ U
+
+                def conditional(i):
+                    b = beta[i]
+                    dinv = 1.0 / (b * lam + self.noise)
+                    return b * (P * dinv) @ yt, b * kxx - b**2 * (P * dinv) @ P.T
+
             keys = jax.random.split(k_z, num_samples)
             draws = []
             for i in range(num_samples):
-                b = beta[i]
-                dinv = 1.0 / (b * lam + self.noise)
-                m = b * (P * dinv) @ yt
-                cov = b * kxx - b**2 * (P * dinv) @ P.T
+                m, cov = conditional(i)
                 if noisy:
                     cov = cov + self.noise * jnp.eye(L, dtype=cov.dtype)
                 chol = _joint_cholesky(cov)
@@ -1002,7 +1074,7 @@ class GaussianPosterior(Posterior):
         return self.s
 
     def _scale_samples(self):
-        dtype = self._state["lam"].dtype
+        dtype = self._state["grid_alpha" if "grid_t" in self._state else "lam"].dtype
         return jnp.reshape(self.s, (1,)).astype(dtype), jnp.zeros(1, dtype)
 
 
@@ -1073,6 +1145,12 @@ class ImportancePosterior(Posterior):
         return self.beta, self.log_w
 
 
+def _test_chunk(n_train: int) -> int:
+    """Test points predicted together by the dense path: their (L, N) cross-kernel and its triangular solve stay
+    under a sixteenth of the N x N factor (at least 1,024 points)."""
+    return max(1024, n_train // 16)
+
+
 @functools.partial(jax.jit, static_argnums=6)
 def _scaled_marginals(mean, var, noise, mult, num, den, squeeze):
     """Per test point (and output): mean, variance ``var + noise`` and ``sqrt(factor (var + noise))`` with
@@ -1128,11 +1206,16 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
         it (effective sample sizes of tens out of 10^4); the likelihood proposal keeps most of them.
       noise_model: ``'scaled'`` (default: the noise is scaled by sigma^2, ``sigma^2 (Kbar + eps I)``) or
         ``'unscaled'`` (``sigma^2 Kbar + sigma_n^2 I``, which needs ``noise > 0``).
-      method: ``'dense'`` (the N x N kernel and its Cholesky factor), ``'cg'`` (matrix-free, `smnngp.matfree`:
-        the kernel is never formed; conjugate gradients for ``C^{-1} Y``, stochastic Lanczos quadrature for
-        ``log|C|``, reported in ``diagnostics``; scaled noise with ``noise > 0`` only) or ``'auto'`` (dense when
-        ``DENSE_COPIES`` N x N matrices fit in the free memory of the device, else ``'cg'``).
-      cg: settings of the matrix-free path (`smnngp.matfree.CG`; ``None``: its defaults).
+      method: ``'dense'`` (the N x N kernel and its Cholesky factor), ``'mixed'`` (float64 inputs, scaled noise:
+        the float32 factor in one float32 buffer preconditions float64 conjugate gradients on kernel tiles, so
+        solves reach float64 accuracy in half the memory; ``log|C|``'s small correction by stochastic Lanczos
+        quadrature), ``'cg'`` (matrix-free, `smnngp.matfree`: the kernel is never formed; conjugate gradients
+        for ``C^{-1} Y``, stochastic Lanczos quadrature for ``log|C|``, reported in ``diagnostics``; ``noise > 0``;
+        unscaled noise by solves at a grid of shifts, `smnngp.shifts`) or ``'auto'`` (dense when
+        :func:`dense_copies` N x N matrices fit in the free memory of the device, else mixed when its float32
+        matrices do, else ``'cg'``). ``docs/scaling.md`` has the details and measurements.
+      cg: settings of the mixed and matrix-free paths (`smnngp.matfree.CG`; ``None``: its defaults, with
+        ``tol=1e-10`` for ``'mixed'``).
 
     Returns:
       A :class:`Posterior`: :class:`GaussianPosterior` for a ``Delta`` prior, :class:`StudentTPosterior` for an
@@ -1152,47 +1235,224 @@ def fit(kernel, x_train, y_train, prior=None, *, noise: float = 0.0, noise_model
         raise ValueError(f"x_train must have shape (N, features...), got {x_train.shape}")
     check_finite(x_train, "x_train")
     y_train = _as_targets(y_train, x_train.shape[0])
-    method = _choose_method(method, x_train.shape[0], jnp.result_type(x_train.dtype, float), cg)
+    method = _choose_method(method, x_train.shape[0], jnp.result_type(x_train.dtype, float), cg, noise_model,
+                            noise)
     if method == "cg":
         return _fit_matfree(kfn, x_train, y_train, prior, noise=noise, noise_model=noise_model,
                             num_samples=num_samples, key=key, min_ess=min_ess, proposal=proposal,
                             options=matfree.CG() if cg is None else cg)
-    k_train = _evaluator(kfn)(x_train, None)
-    post = fit_from_kernels(k_train, y_train, prior, noise=noise, noise_model=noise_model, num_samples=num_samples,
-                            key=key, min_ess=min_ess, proposal=proposal)
+    if method == "mixed":
+        return _fit_mixed(_evaluator(kfn), kfn, x_train, y_train, prior, noise=noise, noise_model=noise_model,
+                          num_samples=num_samples, key=key, min_ess=min_ess, proposal=proposal,
+                          options=MIXED_CG if cg is None else cg)
+    post = _fit_dense(_evaluator(kfn), kfn, x_train, y_train, prior, noise=noise, noise_model=noise_model,
+                      num_samples=num_samples, key=key, min_ess=min_ess, proposal=proposal)
     return post.replace(kernel=kfn, x_train=x_train)
 
 
-# Peak device memory of the dense path, in N x N matrices: the kernel, its factor and XLA's temporaries.
-DENSE_COPIES = 5
+# Peak memory of the dense path, in N x N matrices (measured: docs/scaling.md). On a CPU the kernel is factorised
+# in its own buffer by the blocked Cholesky (1.7 matrices); on an accelerator XLA's one-call factorisation adds
+# a transposed copy and its output (3). Unscaled noise: the kernel and its eigenvectors, with the solver's copy.
+DENSE_COPIES = {"cpu": 1.75, "accelerator": 3.0}
+DENSE_COPIES_UNSCALED = 3.0
 
 
-def _choose_method(method, n, dtype, cg):
-    if method not in ("auto", "dense", "cg"):
-        raise ValueError(f"method must be 'auto', 'dense' or 'cg', got {method!r}")
+def dense_copies(noise_model: str = "scaled", platform: str | None = None) -> float:
+    """Peak memory of ``fit(method='dense')`` + ``predict``, in N x N matrices of the inputs' dtype.
+
+    Args:
+        noise_model: ``'scaled'`` or ``'unscaled'`` (an eigendecomposition).
+        platform: ``'cpu'``, ``'gpu'``, ... (``None``: the first local device's).
+
+    Returns:
+        The factor (e.g. 1.75 on a CPU: the kernel factorised in its own buffer plus panels).
+    """
+    if noise_model == "unscaled":
+        return DENSE_COPIES_UNSCALED
+    platform = jax.local_devices()[0].platform if platform is None else platform
+    return DENSE_COPIES["cpu" if platform == "cpu" else "accelerator"]
+
+
+def _fit_dense(evaluator, kfn, x_train, y_train, prior, *, noise, noise_model, num_samples, key, min_ess,
+               proposal):
+    """:func:`fit` by the dense path in one N x N buffer: the kernel built tile by tile into it, its diagonal set
+    to the self-covariance plus noise (and jitter), and the Cholesky factor (or the eigendecomposition, for
+    unscaled noise) computed in place; a failed factorisation rebuilds the kernel with more jitter."""
+    Y, common = _prepare(y_train, x_train.shape[0], prior, noise, noise_model, proposal)
+    noise = common["noise"]
+    diag = _traced_diag(evaluator, x_train)
+    if diag is None:
+        # a kernel that cannot be traced is called as given, and its matrix factorised as a user's would be
+        return fit_from_kernels(evaluator(x_train, None), y_train, prior, noise=noise, noise_model=noise_model,
+                                num_samples=num_samples, key=key, min_ess=min_ess, proposal=proposal)
+    n, dtype = x_train.shape[0], jnp.result_type(x_train.dtype, float)
+    fn, params = matfree._split_kernel(kfn)
+    if noise_model == "scaled" or priors.is_delta(common["prior"]) and noise == 0.0:
+        chol = _factor_in_place(fn, params, x_train, diag, noise, dtype)
+        return _cholesky_posterior(chol, Y, common, dtype, num_samples=num_samples, key=key, min_ess=min_ess,
+                                   proposal=proposal)
+    if noise == 0.0:
+        raise ValueError("noise_model='unscaled' needs noise > 0 (with noise 0 both noise models coincide)")
+    tile = matfree.dense_tile_size(n)
+    lam, U = _dense_eigh(fn, tile, params, x_train, diag)
+    if not bool(jnp.all(jnp.isfinite(lam))) and not bool(_dense_finite(fn, tile, params, x_train)):
+        raise ValueError("the training kernel contains NaN or infinite entries")
+    lam = linalg.clip_psd_eigenvalues(lam, "training kernel")
+    return _eigh_posterior(lam, U, Y, common, dtype, num_samples=num_samples, key=key, min_ess=min_ess)
+
+
+def _traced_diag(evaluator, x_train):
+    """The training kernel's self-covariances ``k(x_i, None)`` (checked finite), or ``None`` for a kernel that
+    cannot be traced (it is then marked so, and called as given)."""
+    try:
+        if getattr(evaluator, "traceable", True):
+            with jax.default_matmul_precision("highest"):
+                diag = evaluator.diag(x_train)
+    except _NOT_TRACEABLE:
+        evaluator.traceable = False
+    if not getattr(evaluator, "traceable", True):
+        return None
+    diag = diag.astype(jnp.result_type(x_train.dtype, float))
+    check_finite(diag, "the training kernel's diagonal")
+    return diag
+
+
+def _factor_in_place(fn, params, x_train, diag, noise, store) -> linalg.Cholesky:
+    """The Cholesky factor of ``k(X, X) + noise I`` built and factorised in one (N, N) buffer of dtype ``store``
+    (float32 for the mixed-precision path), with jitter escalation: each try rebuilds the kernel."""
+    n = x_train.shape[0]
+    tile, block = matfree.dense_tile_size(n), linalg.cholesky_block_size(n)
+    store = jnp.dtype(store)
+    name = f"training kernel + noise ({n}x{n}, {store.name})"
+    mean_diag = float(jnp.mean(diag)) + noise
+    if not mean_diag > 0:
+        raise linalg.NotPositiveDefiniteError(f"{name} has non-positive mean diagonal {mean_diag:.3g}")
+
+    def factor(jitter):
+        L, ok = _dense_factor(fn, tile, block, store, params, x_train, diag + (noise + jitter))
+        if not bool(ok) and jitter == 0.0:
+            # NaN in the factor: a kernel that is not finite (checked once, only now: a check beside the
+            # in-place factorisation would make XLA keep a copy of the kernel), or one that needs jitter
+            del L
+            if not bool(_dense_finite(fn, tile, params, x_train)):
+                raise ValueError("the training kernel contains NaN or infinite entries")
+            return None, False
+        return L, ok
+
+    return linalg.escalate_jitter(factor, mean_diag, store, name=name)
+
+
+def _fit_mixed(evaluator, kfn, x_train, y_train, prior, *, noise, noise_model, num_samples, key, min_ess, proposal,
+               options):
+    """:func:`fit` in mixed precision: the float32 factor of ``C = K + noise I`` (one float32 N x N buffer, as the
+    dense path builds it) preconditions conjugate gradients whose products recompute the float64 kernel by tiles.
+    ``C^{-1} Y`` reaches float64 accuracy to ``tol``; ``log|C| = log|P| + tr log(P^{-1} C)`` with the first term
+    exact from the factor and the second (small: ``P^{-1} C`` is I up to float32 rounding) by stochastic Lanczos
+    quadrature with its standard error."""
+    Y, common = _prepare(y_train, x_train.shape[0], prior, noise, noise_model, proposal)
+    dtype = jnp.result_type(x_train.dtype, float)
+    if jnp.dtype(dtype).itemsize < 8:
+        raise ValueError(f"method='mixed' factorises in float32 and refines in float64, but the inputs are "
+                         f"{jnp.dtype(dtype).name}: enable float64 (jax_enable_x64) or use method='dense'")
+    if common["noise_model"] != "scaled":
+        raise ValueError("method='mixed' supports noise_model='scaled' (conjugate in sigma^2); unscaled noise needs an "
+                         "eigendecomposition: use method='dense'")
+    if not common["noise"] > 0:
+        raise ValueError("method='mixed' needs noise > 0: its float64 solves are of K + noise I")
+    diag = _traced_diag(evaluator, x_train)
+    if diag is None:
+        raise TypeError("method='mixed' recomputes kernel tiles inside compiled code: the kernel must be traceable "
+                        "by JAX (use method='dense' for a NumPy kernel)")
+    fn, params = matfree._split_kernel(kfn)
+    chol = _factor_in_place(fn, params, x_train, diag, common["noise"], jnp.float32)
+    pc = matfree.DenseCholesky(chol.L, chol.jitter)
+    op = matfree.KernelOperator(kfn, x_train, common["noise"], tile_size=options.tile_size, devices=options.devices)
+    alpha, info, est, _ = matfree.solve(op, Y, options, precond=pc)
+    q = jnp.sum(Y.astype(alpha.dtype) * alpha)
+    state = dict(alpha=alpha, q=q, logdet=jnp.asarray(est.value, alpha.dtype), L32=pc.L,
+                 precond_jitter=chol.jitter, logdet_stderr=est.stderr, cg_iterations=info.iterations,
+                 cg_residual=info.residual, cg_tol=info.tol)
+    post = _scaled_posterior(common, state, 0.0, alpha.dtype, num_samples=num_samples, key=key, min_ess=min_ess,
+                             proposal=proposal, solver=options)
+    return post.replace(kernel=kfn, x_train=x_train)
+
+
+@matfree._highest
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _dense_factor(fn, tile, block, store, params, x, diag):
+    """Kernel (lower triangle, in dtype ``store``) with ``diag`` on its diagonal, and its Cholesky factor in the
+    same buffer."""
+    A = matfree.dense_kernel(fn, params, x, tile, lower_only=True, dtype=store)
+    idx = jnp.arange(x.shape[0])
+    A = A.at[idx, idx].set(diag.astype(A.dtype))
+    L = linalg.blocked_cholesky(A, block)
+    return L, jnp.all(jnp.isfinite(jnp.diagonal(L)))
+
+
+@matfree._highest
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _dense_finite(fn, tile, params, x):
+    return jnp.all(jnp.isfinite(matfree.dense_kernel(fn, params, x, tile, lower_only=True)))
+
+
+@matfree._highest
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _dense_eigh(fn, tile, params, x, diag):
+    """Kernel with ``diag`` on its diagonal and its eigendecomposition (the eigenvectors in the kernel's buffer)."""
+    A = matfree.dense_kernel(fn, params, x, tile, lower_only=False)
+    idx = jnp.arange(x.shape[0])
+    A = A.at[idx, idx].set(diag.astype(A.dtype))
+    return jnp.linalg.eigh(A.T, symmetrize_input=False)
+
+
+# CG settings of method='mixed' when none are given: float64 accuracy. With the float32 factor as preconditioner
+# each further digit costs about one iteration (a pass of float64 kernel tiles).
+MIXED_CG = matfree.CG(tol=1e-10)
+
+
+def _choose_method(method, n, dtype, cg, noise_model="scaled", noise=0.0):
+    if method not in ("auto", "dense", "mixed", "cg"):
+        raise ValueError(f"method must be 'auto', 'dense', 'mixed' or 'cg', got {method!r}")
     if cg is not None and not isinstance(cg, matfree.CG):
         raise TypeError(f"cg must be a smnngp.matfree.CG, got {type(cg).__name__}")
     if method == "cg":
         return method
-    need = DENSE_COPIES * n * n * jnp.dtype(dtype).itemsize
+    copies = dense_copies(noise_model if noise_model in ("scaled", "unscaled") else "scaled")
     free = matfree.available_memory_bytes()
-    if method == "dense":
-        if free is not None and need > free:
-            raise MemoryError(f"method='dense' needs about {need / 2**30:.1f} GiB ({DENSE_COPIES} x {n} x {n} "
-                              f"{jnp.dtype(dtype).name}) and the device has {free / 2**30:.1f} GiB free; use "
+
+    def need(store):
+        return copies * n * n * jnp.dtype(store).itemsize
+
+    if method in ("dense", "mixed"):
+        store = dtype if method == "dense" else jnp.float32
+        if free is not None and need(store) > free:
+            raise MemoryError(f"method={method!r} needs about {need(store) / 2**30:.1f} GiB ({copies:g} x {n} x {n} "
+                              f"{jnp.dtype(store).name}) and the device has {free / 2**30:.1f} GiB free; use "
                               "method='cg' (matrix-free) or method='auto'")
         return method
-    return "dense" if free is None or need <= free else "cg"
+    if free is None or need(dtype) <= free:
+        return "dense"
+    # float64 that does not fit: its float32 factor refined in float64 (the same accuracy, half the memory)
+    mixed_ok = jnp.dtype(dtype).itemsize >= 8 and noise_model == "scaled" and _positive(noise)
+    return "mixed" if mixed_ok and need(jnp.float32) <= free else "cg"
+
+
+def _positive(noise) -> bool:
+    try:
+        return float(noise) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 def _fit_matfree(kfn, x_train, y_train, prior, *, noise, noise_model, num_samples, key, min_ess, proposal, options):
     """:func:`fit` by the matrix-free path: q and log|C| from one preconditioned CG run with SLQ probes."""
     Y, common = _prepare(y_train, x_train.shape[0], prior, noise, noise_model, proposal)
-    if common["noise_model"] != "scaled":
-        raise ValueError("method='cg' supports noise_model='scaled' (conjugate in sigma^2); unscaled noise needs an "
-                         "eigendecomposition: use method='dense'")
     if not common["noise"] > 0:
         raise ValueError("method='cg' needs noise > 0: conjugate gradients and the preconditioner solve K + noise I")
+    if common["noise_model"] != "scaled":
+        post = _fit_matfree_unscaled(kfn, x_train, Y, common, num_samples=num_samples, key=key, min_ess=min_ess,
+                                     options=options)
+        return post.replace(kernel=kfn, x_train=x_train)
     op = matfree.KernelOperator(kfn, x_train, common["noise"], tile_size=options.tile_size, devices=options.devices)
     alpha, info, est, pc = matfree.solve(op, Y, options)
     q = jnp.sum(Y.astype(alpha.dtype) * alpha)
@@ -1202,6 +1462,58 @@ def _fit_matfree(kfn, x_train, y_train, prior, *, noise, noise_model, num_sample
     post = _scaled_posterior(common, state, 0.0, alpha.dtype, num_samples=num_samples, key=key, min_ess=min_ess,
                              proposal=proposal, solver=options)
     return post.replace(kernel=kfn, x_train=x_train)
+
+
+def _fit_matfree_unscaled(kfn, x_train, Y, common, *, num_samples, key, min_ess, options):
+    """Unscaled noise without the matrix: ``beta K + noise I = beta (K + s I)`` with ``s = noise / beta``, so every
+    sample's ``q`` and ``log|C|`` are splines in ``log s`` through matrix-free solves at a few shifts
+    (`smnngp.shifts`): a coarse grid over all sampled shifts, then a fine one where the weight is."""
+    prior, noise = common["prior"], common["noise"]
+    n, n_out = common["n_train"], common["n_out"]
+    dtype = jnp.result_type(x_train.dtype, float)
+    if priors.is_delta(prior):
+        beta = jnp.reshape(jnp.asarray(prior.v, dtype), (1,))
+    else:
+        beta = _prior_samples(prior, key, num_samples, dtype)
+    s = noise / np.asarray(beta, float)
+    op = matfree.KernelOperator(kfn, x_train, float(np.median(s)), tile_size=options.tile_size,
+                                devices=options.devices)
+    pc = matfree.pivoted_cholesky(op, options.precond_rank)
+    Y = Y.astype(dtype)
+
+    def log_w(grid, idx=slice(None)):
+        B = shifts.spline_basis(grid.t, np.log(s[idx]))
+        return np.asarray(scaled_log_weights(B @ grid.q, B @ grid.logdet, n, n_out, np.asarray(beta)[idx]))
+
+    coarse = shifts.fit_grid(op, Y, shifts.log_spaced(s.min(), s.max(), shifts.COARSE_NODES), options, pc)
+    lw = np.array(log_w(coarse))
+    interp_error = 0.0
+    if coarse.t.shape[0] == 1:
+        fine = coarse
+    else:
+        # the fine grid spans the samples within exp(-FINE_SPAN) of the largest weight (by the coarse grid, with a
+        # margin for its error); the rest carry less than num_samples x exp(-FINE_SPAN) of the mass and are dropped
+        mass = lw - lw.max() > -(shifts.FINE_SPAN + 10.0)
+        fine = shifts.fit_grid(op, Y, shifts.log_spaced(s[mass].min(), s[mass].max(), shifts.FINE_NODES), options,
+                               pc)
+        inside = (np.log(s) >= fine.t[0] - 1e-12) & (np.log(s) <= fine.t[-1] + 1e-12)
+        lw = np.full(s.shape, -np.inf)
+        lw[inside] = log_w(fine, inside)
+        # the interpolation's error, over-estimated: the log ML from a spline through every other fine node
+        if fine.t.shape[0] >= 4:
+            half = fine._replace(t=fine.t[::2], q=fine.q[::2], logdet=fine.logdet[::2])
+            lw_half = log_w(half, inside)
+            interp_error = float(abs(logsumexp(lw_half) - logsumexp(lw[inside])))
+    state = dict(grid_t=fine.t, grid_alpha=fine.alpha, U=pc.U, lam=pc.lam, logdet_stderr=float(np.max(
+        np.concatenate([coarse.logdet_stderr, fine.logdet_stderr]))), cg_iterations=max(coarse.iterations,
+        fine.iterations), cg_residual=max(coarse.residual, fine.residual), cg_tol=fine.tol,
+        precond_trace_error=pc.trace_error, interpolation_error=interp_error, grid_nodes=int(coarse.t.shape[0] + (
+        0 if fine is coarse else fine.t.shape[0])))
+    log_w_all = jnp.asarray(lw, dtype)
+    if priors.is_delta(prior):
+        return GaussianPosterior(log_marginal_likelihood=float(lw[0]), state=state, s=prior.v, solver=options,
+                                 **common)
+    return _importance_posterior(common, state, beta, log_w_all, 0.0, num_samples, min_ess, solver=options)
 
 
 def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_model: str = "scaled",
@@ -1245,25 +1557,37 @@ def fit_from_kernels(k_train, y_train, prior=None, *, noise: float = 0.0, noise_
     if noise_model == "scaled" or is_delta and noise == 0.0:
         # the Cholesky of C = k_train + noise I, without forming C
         chol = linalg._shifted_cholesky(k_train, noise, name="training kernel + noise")
-        if chol.jitter > 0:
-            warnings.warn(f"the training kernel needed jitter {chol.jitter:.3g} to factorise (singular, e.g. repeated "
-                          "inputs); consider noise > 0", stacklevel=2)
-        alpha, q, ld = _scaled_fit_stats(chol.L, Y)
-        state = dict(L=chol.L, alpha=alpha, q=q, logdet=ld)
-        return _scaled_posterior(common, state, chol.jitter, k_train.dtype, num_samples=num_samples, key=key,
-                                 min_ess=min_ess, proposal=proposal)
+        return _cholesky_posterior(chol, Y, common, k_train.dtype, num_samples=num_samples, key=key,
+                                   min_ess=min_ess, proposal=proposal)
 
     # unscaled noise: one eigendecomposition, O(N) per sigma^2
     if noise == 0.0:
         raise ValueError("noise_model='unscaled' needs noise > 0 (with noise 0 both noise models coincide)")
     lam, U = linalg.eigh_psd(k_train, name="training kernel")
-    ytilde = U.T @ Y
+    return _eigh_posterior(lam, U, Y, common, k_train.dtype, num_samples=num_samples, key=key, min_ess=min_ess)
+
+
+def _cholesky_posterior(chol, Y, common, dtype, *, num_samples, key, min_ess, proposal):
+    """Scaled noise (or noise-free ``Delta``): the posterior from the factor of ``C = Kbar + eps I``."""
+    if chol.jitter > 0:
+        warnings.warn(f"the training kernel needed jitter {chol.jitter:.3g} to factorise (singular, e.g. repeated "
+                      "inputs); consider noise > 0", stacklevel=3)
+    alpha, q, ld = _scaled_fit_stats(chol.L, Y.astype(chol.L.dtype))
+    state = dict(L=chol.L, alpha=alpha, q=q, logdet=ld)
+    return _scaled_posterior(common, state, chol.jitter, dtype, num_samples=num_samples, key=key, min_ess=min_ess,
+                             proposal=proposal)
+
+
+def _eigh_posterior(lam, U, Y, common, dtype, *, num_samples, key, min_ess):
+    """Unscaled noise: the posterior from ``Kbar = U diag(lam) U^T`` (O(N) per sample of sigma^2)."""
+    prior, noise = common["prior"], common["noise"]
+    ytilde = U.T @ Y.astype(U.dtype)
     state = dict(lam=lam, U=U, ytilde=ytilde)
-    if is_delta:
-        beta = jnp.reshape(prior.v, (1,)).astype(k_train.dtype)
+    if priors.is_delta(prior):
+        beta = jnp.reshape(prior.v, (1,)).astype(dtype)
         log_w = unscaled_log_weights(lam, ytilde**2, noise, beta)
         return GaussianPosterior(log_marginal_likelihood=float(log_w[0]), state=state, s=prior.v, **common)
-    beta = _prior_samples(prior, key, num_samples, k_train.dtype)
+    beta = _prior_samples(prior, key, num_samples, dtype)
     log_w = unscaled_log_weights(lam, ytilde**2, noise, beta)
     return _importance_posterior(common, state, beta, log_w, 0.0, num_samples, min_ess)
 

@@ -99,7 +99,7 @@ import optax
 from jax.scipy.special import digamma, gammaln, log_ndtr, ndtr
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from smnngp import linalg, priors
+from smnngp import _optim, linalg, priors
 from smnngp._checks import check_finite
 from smnngp.kernels import softplus_inverse
 from smnngp.posterior import as_kernel_callable
@@ -1189,13 +1189,6 @@ def _adam(learning_rate):
 
 
 @functools.lru_cache(maxsize=32)
-def _plateau(factor, patience):
-    """`optax.contrib.reduce_on_plateau` and its jitted update (eagerly, its ``lax.cond`` recompiles every call)."""
-    plateau = optax.contrib.reduce_on_plateau(factor=factor, patience=patience, rtol=1e-4, atol=0.0)
-    return plateau, jax.jit(lambda state, value: plateau.update(updates=None, state=state, value=value)[1])
-
-
-@functools.lru_cache(maxsize=32)
 def _make_round(model, optimizer, num_data, mesh, length):
     """One jitted call running ``length`` optimisation steps in a ``lax.scan`` (steps past ``stop`` are no-ops)."""
     batch_sharding = None if mesh is None else NamedSharding(mesh, PartitionSpec("data"))
@@ -1338,7 +1331,7 @@ def _fit(model, params, x, y, *, key, optimizer, learning_rate, batch_size, num_
     k_data, k_mc, k_val, k_post = jax.random.split(key, 4)
     run = _make_round(model, optimizer, N, mesh, eval_every)
     opt_state = jax.device_put(optimizer.init(params), replicated)
-    plateau, plateau_update = _plateau(float(factor), int(patience))
+    plateau, plateau_update = _optim.plateau(float(factor), int(patience))
     plateau_state = plateau.init(params)
 
     epoch, buffer = 0, np.zeros((0, B), np.int64)

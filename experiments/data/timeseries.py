@@ -4,7 +4,8 @@
 ``load("pm25-guangzhou")`` -> a column table ``dict[str, np.ndarray]`` (numeric columns float64 with ``NA`` as
 NaN, the others str). Each canonical source is a zip archive; only the registered member is verified and
 cached (see `experiments.data.registry`). ``pm25_forecasting()`` builds the next-hour forecasting task of the
-singular-BNN paper (section 4.3) from both tables.
+singular-BNN paper (section 4.3) from both tables; ``pm25_city_forecasting(city)`` one city's records as a task of
+their own (the same windows, split and train-only scaling).
 """
 
 from __future__ import annotations
@@ -159,6 +160,75 @@ def _windows(frame: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     return frame[idx], frame[window:, 0]
 
 
+PM25_CITIES = ("beijing", "guangzhou")
+
+
+class PM25CityTask(NamedTuple):
+    """One city's next-hour PM2.5 regression task: windows ``x`` (n, window, 15) of standardised features
+    (`PM25_FEATURES`) and standardised targets ``y`` (n,), split chronologically into train / val / test; ``x_mean``,
+    ``x_std`` (15,) and ``y_mean``, ``y_std`` are the scalers, fitted on the city's training windows only."""
+
+    city: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    x_mean: np.ndarray
+    x_std: np.ndarray
+    y_mean: float
+    y_std: float
+
+
+def _check_pm25_args(who: str, window, fractions) -> tuple[float, float, float]:
+    if int(window) != window or window < 1:
+        raise ValueError(f"{who}: window must be a positive integer, got {window!r}")
+    fractions = tuple(float(f) for f in fractions)
+    if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
+        raise ValueError(f"{who}: fractions must be three positive numbers summing to 1, got {fractions}")
+    return fractions
+
+
+def _pm25_city_windows(city: str, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """All windows and targets of one city, chronological, in `PM25_FEATURES` order (see `pm25_forecasting` for
+    how each city's columns are mapped)."""
+    from experiments.data.registry import load
+
+    if city == "beijing":
+        bj = load("pm25-beijing")
+        return _windows(_pm25_frame(bj, "pm2.5", bj["Is"], bj["Ir"]), window)
+    if city == "guangzhou":
+        gz = load("pm25-guangzhou")
+        rain = _run_length(np.nan_to_num(gz["precipitation"], nan=0.0) > 0)
+        return _windows(_pm25_frame(gz, "PM_US Post", None, rain), window)
+    raise ValueError(f"unknown PM2.5 city {city!r}; choose one of {PM25_CITIES}")
+
+
+def _pm25_split(x: np.ndarray, y: np.ndarray, fractions):
+    """Chronological split of the windows by ``fractions`` and the scalers fitted on the training part.
+
+    Returns ``(parts, fx, fy, x_mean, x_std, y_mean, y_std)``: the three slices, and the float32 feature and
+    target scalings ``fx``, ``fy`` (per feature over every time step of the training windows; the target's mean
+    and standard deviation over the training targets)."""
+    n = x.shape[0]
+    n_tr = int(fractions[0] * n)
+    n_val = (n - n_tr) // 2 if abs(fractions[1] - fractions[2]) < 1e-12 else int(fractions[1] * n)
+    parts = [slice(0, n_tr), slice(n_tr, n_tr + n_val), slice(n_tr + n_val, n)]
+    flat = x[parts[0]].reshape(-1, x.shape[-1])
+    x_mean, x_std = flat.mean(0), flat.std(0)
+    x_std = np.where(x_std > 0, x_std, 1.0)
+    y_mean, y_std = float(y[parts[0]].mean()), float(y[parts[0]].std())
+
+    def fx(a):
+        return ((a - x_mean) / x_std).astype(np.float32)
+
+    def fy(a):
+        return ((a - y_mean) / y_std).astype(np.float32)
+
+    return parts, fx, fy, x_mean, x_std, y_mean, y_std
+
+
 def pm25_forecasting(window: int = 24, fractions=(0.70, 0.15, 0.15)) -> PM25Task:
     """The PM2.5 task: ``window`` hours of 15 features -> the next hour's PM2.5.
 
@@ -175,31 +245,38 @@ def pm25_forecasting(window: int = 24, fractions=(0.70, 0.15, 0.15)) -> PM25Task
     of the current run of hours with precipitation, and the SW wind direction (absent from Beijing) as an all-zero
     one-hot; 32,327 windows (the paper reports 20,050 without saying how it mapped the columns).
     """
-    if int(window) != window or window < 1:
-        raise ValueError(f"pm25_forecasting: window must be a positive integer, got {window!r}")
-    fractions = tuple(float(f) for f in fractions)
-    if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
-        raise ValueError(f"pm25_forecasting: fractions must be three positive numbers summing to 1, got {fractions}")
-    from experiments.data.registry import load
-
-    bj, gz = load("pm25-beijing"), load("pm25-guangzhou")
-    x, y = _windows(_pm25_frame(bj, "pm2.5", bj["Is"], bj["Ir"]), window)
-    rain = _run_length(np.nan_to_num(gz["precipitation"], nan=0.0) > 0)
-    x_ood, y_ood = _windows(_pm25_frame(gz, "PM_US Post", None, rain), window)
-    n = x.shape[0]
-    n_tr = int(fractions[0] * n)
-    n_val = (n - n_tr) // 2 if abs(fractions[1] - fractions[2]) < 1e-12 else int(fractions[1] * n)
-    parts = [slice(0, n_tr), slice(n_tr, n_tr + n_val), slice(n_tr + n_val, n)]
-    flat = x[parts[0]].reshape(-1, x.shape[-1])
-    x_mean, x_std = flat.mean(0), flat.std(0)
-    x_std = np.where(x_std > 0, x_std, 1.0)
-    y_mean, y_std = float(y[parts[0]].mean()), float(y[parts[0]].std())
-
-    def fx(a):
-        return ((a - x_mean) / x_std).astype(np.float32)
-
-    def fy(a):
-        return ((a - y_mean) / y_std).astype(np.float32)
-
+    fractions = _check_pm25_args("pm25_forecasting", window, fractions)
+    x, y = _pm25_city_windows("beijing", window)
+    x_ood, y_ood = _pm25_city_windows("guangzhou", window)
+    parts, fx, fy, x_mean, x_std, y_mean, y_std = _pm25_split(x, y, fractions)
     return PM25Task(*(f(a[p]) for p in parts for f, a in ((fx, x), (fy, y))), fx(x_ood), fy(y_ood), x_mean, x_std,
                     y_mean, y_std)
+
+
+def pm25_city_forecasting(city: str, window: int = 24, fractions=(0.70, 0.15, 0.15)) -> PM25CityTask:
+    """One city's records as a regression task of their own: ``window`` hours of the 15 features -> the next
+    hour's PM2.5, windowed as `pm25_forecasting` windows Beijing (rows with a missing value dropped, one series),
+    split chronologically by ``fractions`` and scaled by the city's own training windows.
+
+    ``city='beijing'`` gives exactly `pm25_forecasting`'s train / val / test arrays (29,213 / 6,260 / 6,260);
+    ``city='guangzhou'`` maps the Guangzhou columns as `pm25_forecasting` does for its out-of-distribution set
+    (32,327 windows: 22,628 / 4,849 / 4,850).
+
+    Args:
+        city: ``'beijing'`` or ``'guangzhou'``.
+        window: hours of history per window, a positive integer.
+        fractions: train / validation / test fractions, three positive numbers summing to 1.
+
+    Returns:
+        :class:`PM25CityTask` with float32 arrays and the float64 scalers.
+
+    Raises:
+        ValueError: for an unknown city, a window that is not a positive integer, or bad fractions.
+    """
+    if city not in PM25_CITIES:
+        raise ValueError(f"pm25_city_forecasting: unknown city {city!r}; choose one of {PM25_CITIES}")
+    fractions = _check_pm25_args("pm25_city_forecasting", window, fractions)
+    x, y = _pm25_city_windows(city, window)
+    parts, fx, fy, x_mean, x_std, y_mean, y_std = _pm25_split(x, y, fractions)
+    return PM25CityTask(city, *(f(a[p]) for p in parts for f, a in ((fx, x), (fy, y))), x_mean, x_std, y_mean,
+                        y_std)
