@@ -107,12 +107,59 @@ class Kernel:
 
     # -- conveniences ----------------------------------------------------
     def replace(self, **changes) -> Kernel:
+        """A copy with ``changes``; neural-tangents' names are accepted too (``diagonal_spatial`` for ``not full``;
+        ``diagonal_batch``, ``x1_is_x2``, ``is_reversed``, ``is_input``, ``batch_axis``, ``channel_axis`` only at
+        their current values)."""
+        changes = _from_nt_fields(self, changes)
         fields = {name: getattr(self, name) for name in self.__slots__}
         unknown = set(changes) - set(fields)
         if unknown:
             raise TypeError(f"Kernel.replace: unknown fields {sorted(unknown)}")
         fields.update(changes)
         return Kernel(**fields)
+
+    # -- neural-tangents' field names (layers written against nt's Kernel, smnngp.stax.layer) --------
+    @property
+    def diagonal_spatial(self) -> bool:
+        """neural-tangents' name: only same-position covariances are held (``not full``)."""
+        return not self.full
+
+    @property
+    def diagonal_batch(self) -> bool:
+        """neural-tangents' name: ``cov1`` holds each point's own covariances (False only for a kernel returned
+        by ``kernel_fn(..., diagonal_batch=False)``)."""
+        return self.cov1 is None or self.cov1.ndim == 1 + self.spatial_ndim * (2 if self.full else 1)
+
+    @property
+    def x1_is_x2(self) -> bool:
+        """neural-tangents' name: the kernel is of ``x1`` with itself (``cov2`` is None)."""
+        return self.cov2 is None
+
+    @property
+    def is_reversed(self) -> bool:
+        """neural-tangents' name; always False: smnngp keeps spatial axes in order."""
+        return False
+
+    @property
+    def is_input(self) -> bool:
+        """neural-tangents' name; always False: layers see kernels only after the input kernel is built."""
+        return False
+
+    @property
+    def batch_axis(self) -> int:
+        """neural-tangents' name; 0: kernels are held batch first."""
+        return 0
+
+    @property
+    def channel_axis(self) -> int:
+        """neural-tangents' name; the last axis: kernels are held channels last."""
+        return len(self.shape1) - 1
+
+    def mask(self, mask1, mask2) -> Kernel:
+        """neural-tangents' remasking: the masks set and every covariance of a masked position zeroed."""
+        from smnngp.stax import masking  # the mask machinery lives with the layers
+
+        return masking.remask_kernel(self, mask1, mask2, "Kernel.mask")
 
     @property
     def spatial_ndim(self) -> int:
@@ -135,6 +182,37 @@ class Kernel:
                f"mask2={desc(self.mask2)}")
             + ")"
         )
+
+
+_FIXED_NT_FIELDS = ("diagonal_batch", "x1_is_x2", "is_reversed", "is_input", "batch_axis", "channel_axis")
+
+
+def _from_nt_fields(k: Kernel, changes: dict) -> dict:
+    """``Kernel.replace`` keywords with neural-tangents' names translated (``diagonal_spatial`` -> ``full``);
+    the fields smnngp keeps fixed may only be "changed" to their current value (``channel_axis``: any axis but
+    the batch axis, as a layer that drops axes names its output's last axis; kernels stay channels last, and a
+    user layer's finite layout is the one it declares with ``smnngp.stax.requires``)."""
+    if not any(name == "diagonal_spatial" or name in _FIXED_NT_FIELDS for name in changes):
+        return changes
+    changes = dict(changes)
+    if "diagonal_spatial" in changes:
+        if "full" in changes and bool(changes["full"]) == bool(changes["diagonal_spatial"]):
+            raise ValueError("Kernel.replace: full and diagonal_spatial contradict each other")
+        changes["full"] = not bool(changes.pop("diagonal_spatial"))
+    for name in _FIXED_NT_FIELDS:
+        if name in changes:
+            value = changes.pop(name)
+            current = getattr(k, name)
+            if name == "batch_axis":
+                ok = int(value) == 0
+            elif name == "channel_axis":  # a layer that drops axes names the last axis of its output: any of ours
+                ok = int(value) == -1 or int(value) > 0
+            else:
+                ok = bool(value) == current
+            if not ok:
+                raise ValueError(f"Kernel.replace: {name}={value!r} cannot be set in smnngp (it is {current!r}: "
+                                 f"kernels are held batch first, channels last, in order, with batch diagonals)")
+    return changes
 
 
 class KernelTuple(NamedTuple):

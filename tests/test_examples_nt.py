@@ -97,7 +97,7 @@ def test_example_matches_neural_tangents(name, tmp_path):
 
 def test_examples_port_by_their_imports_only():
     """Each example names smnngp only in its two import lines, which the port replaces."""
-    assert len(EXAMPLES) == 5
+    assert len(EXAMPLES) == 6
     for name, path in EXAMPLES.items():
         ported = port_source(Path(path).read_text(), name)
         assert "import neural_tangents as nt" in ported and "from neural_tangents import stax" in ported

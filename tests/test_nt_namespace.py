@@ -21,13 +21,7 @@ import smnngp.nt as nt
 SPEC = json.loads((Path(__file__).parent / "golden" / "api" / "nt_signatures.json").read_text())
 
 # neural-tangents names smnngp does not provide, with the reason (docs/neural-tangents.md, "Not provided").
-NOT_PROVIDED = {
-    "stax.Bool": "internal trinary logic of neural-tangents' layer requirements",
-    "stax.Diagonal": "internal: neural-tangents' per-layer diagonal requirements (smnngp decides per architecture)",
-    "stax.layer": "decorator for user layers written against neural-tangents' internal Kernel API",
-    "stax.requires": "decorator for user layers written against neural-tangents' internal Kernel API",
-    "stax.supports_masking": "decorator for user layers written against neural-tangents' internal Kernel API",
-}
+NOT_PROVIDED: dict[str, str] = {}  # every name of neural-tangents 0.6.5 is provided
 # neural-tangents' private (underscore) tuning arguments of the empirical kernels are not part of the API.
 PRIVATE = re.compile(r"^_")
 

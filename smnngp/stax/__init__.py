@@ -51,7 +51,8 @@ import paths to use): `smnngp.stax._core` (the `Layer` type, the public
 `pooling`, `shape` (indexing, slicing, resizing, contractions),
 `elementwise`, `elementwise_polynomial`, `attention`, `normalization` (LayerNorm, Dropout), `graphs`
 (Aggregate), `combinators`, `parametric`, `masking` (`MaskedArray`, `unmask_fn`: inputs masked with
-``mask_constant``). Each module lists its public names
+``mask_constant``), `custom` (neural-tangents' decorators for user-written layers: `layer`, `requires`,
+`supports_masking`, `Bool`, `Diagonal`). Each module lists its public names
 in ``__all__``; this package exports their union.
 """
 
@@ -60,6 +61,7 @@ from smnngp.stax import (
     attention,
     combinators,
     conv,
+    custom,
     elementwise,
     elementwise_polynomial,
     graphs,
@@ -74,6 +76,7 @@ from smnngp.stax._core import Layer, Padding
 from smnngp.stax.attention import *  # noqa: F403
 from smnngp.stax.combinators import *  # noqa: F403
 from smnngp.stax.conv import *  # noqa: F403
+from smnngp.stax.custom import *  # noqa: F403
 from smnngp.stax.elementwise import *  # noqa: F403
 from smnngp.stax.elementwise_polynomial import *  # noqa: F403
 from smnngp.stax.graphs import *  # noqa: F403
@@ -85,5 +88,5 @@ from smnngp.stax.pooling import *  # noqa: F403
 from smnngp.stax.shape import *  # noqa: F403
 
 _FAMILIES = (linear, conv, pooling, shape, elementwise, elementwise_polynomial, attention, normalization, graphs,
-             combinators, parametric, masking)
+             combinators, parametric, masking, custom)
 __all__ = ["Layer", "Padding"] + [name for module in _FAMILIES for name in module.__all__]
