@@ -192,7 +192,8 @@ def test_sharded_chains_equal_unsharded_on_four_host_devices():
     and unsharded: the same draws and statistics up to floating-point summation order (XLA may vectorise a
     2-chain and an 8-chain batch differently), relative error <= 1e-9."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
+           "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", _SHARD_SCRIPT, root], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

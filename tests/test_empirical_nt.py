@@ -128,7 +128,8 @@ def test_monte_carlo_ntk_of_a_conv_net_agrees_across_implementations_and_devices
     code = textwrap.dedent(
         """
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # before jax is imported
+        # before jax is imported (appended: the suite sets its own XLA flags)
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
         os.environ["JAX_PLATFORMS"] = "cpu"  # the forced devices are host devices, also on a GPU machine
         import jax
         jax.config.update("jax_enable_x64", True)

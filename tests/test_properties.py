@@ -138,7 +138,7 @@ def test_memory_cap_chooses_tiles():
 SHARDED = textwrap.dedent(
     """
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     import jax
     jax.config.update("jax_enable_x64", True)
     import numpy as np, jax.numpy as jnp
@@ -163,7 +163,8 @@ SHARDED = textwrap.dedent(
 
 
 def test_sharded_equals_unsharded_on_four_host_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     res = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, env=env, cwd=root,
                          timeout=600)

@@ -301,7 +301,8 @@ def test_sharded_training_equals_unsharded():
     code = textwrap.dedent(
         """
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"  # before jax is imported
+        # before jax is imported (appended: the suite sets its own XLA flags)
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
         os.environ["JAX_PLATFORMS"] = "cpu"  # forced host devices: the CPU backend, also on a GPU machine
         import jax
         import jax.flatten_util
