@@ -26,6 +26,18 @@ def test_unknown_experiment_is_an_error():
     assert res.returncode != 0 and "invalid choice" in res.stderr
 
 
+def test_a_child_past_its_time_is_stopped_retried_and_reported_with_its_stack(tmp_path):
+    """The test helper's guard against a hung experiment: stopped by SIGABRT, its Python stack shown, run again
+    once (with a warning), then an error naming the command."""
+    import pytest
+
+    with pytest.warns(RuntimeWarning, match="attempt 1 of 2") as caught:
+        with pytest.raises(TimeoutError, match=r"quickstart --quick .* ran past 3 s \(attempt 2 of 2\)") as err:
+            _run("quickstart", "--quick", "--quiet", "--out", str(tmp_path), timeout=3, retries=1)
+    assert "most recent call first" in str(err.value)
+    assert "most recent call first" in str(caught[0].message)
+
+
 def test_convergence_quick_writes_results(tmp_path):
     res = _run("convergence", "--quick", "--quiet", "--out", str(tmp_path), "--seed", "3")
     assert res.returncode == 0, res.stderr[-3000:]

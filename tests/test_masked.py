@@ -552,8 +552,12 @@ def _check_sample_regression():
     assert sorted(set(got) - new) == sorted(expect)
     hint = (f"recorded under jax {recorded}, running jax {jax.__version__}"
             + ("" if recorded == jax.__version__ else ": regenerate, see make_mbnn_sample_regression.py"))
+    # The chains repeat the recorded ones up to rounding, and rounding depends on the processor's vector
+    # instructions as well as on JAX: on one CI machine every value matched to 1e-12, on another the draws of sigma2
+    # drifted by 7e-12 relative over the chain. A changed decision (an MH step, a NUTS tree, a move) or any change
+    # of logic moves values by far more than 1e-9.
     for k, v in expect.items():
-        np.testing.assert_allclose(np.asarray(got[k]), v, rtol=1e-12, atol=1e-12, err_msg=f"{k} ({hint})")
+        np.testing.assert_allclose(np.asarray(got[k]), v, rtol=1e-9, atol=1e-9, err_msg=f"{k} ({hint})")
 
 
 # ---------------------------------------------------------------------------

@@ -24,13 +24,21 @@ from smnngp import stax
 from smnngp.kernels import Kernel
 from smnngp.stax import Bool, Diagonal
 
-os.environ.setdefault("SMNNGP_FAST", "1")
-
 
 @functools.cache
 def _example():
-    """The example program's namespace, run once per worker on first use (not at collection, in every worker)."""
-    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "nt_custom_layer.py"))
+    """The example program's namespace, run once per worker on first use (not at collection, in every worker), in
+    its fast mode. SMNNGP_FAST is set only for that run: a worker's environment is inherited by every subprocess the
+    later tests start (experiments, the docs build)."""
+    before = os.environ.get("SMNNGP_FAST")
+    os.environ["SMNNGP_FAST"] = "1"
+    try:
+        return runpy.run_path(str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "nt_custom_layer.py"))
+    finally:
+        if before is None:
+            del os.environ["SMNNGP_FAST"]
+        else:
+            os.environ["SMNNGP_FAST"] = before
 
 
 def Square(*args, **kwargs):
