@@ -22,7 +22,8 @@ def run_experiment(*args, timeout=450, retries=1) -> subprocess.CompletedProcess
     the stacks say where the next one stops."""
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONFAULTHANDLER="1")
     command = f"python -m experiments {' '.join(args)}"
-    for attempt in range(retries + 1):
+    attempt = 0
+    while True:
         with subprocess.Popen([sys.executable, "-m", "experiments", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
             try:
@@ -35,9 +36,9 @@ def run_experiment(*args, timeout=450, retries=1) -> subprocess.CompletedProcess
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     out, err = proc.communicate()
-        message = (f"`{command}` ran past {timeout} s (attempt {attempt + 1} of {retries + 1}); the stacks of its "
+        attempt += 1
+        message = (f"`{command}` ran past {timeout} s (attempt {attempt} of {retries + 1}); the stacks of its "
                    f"threads when it was stopped:\n{err.split('Extension modules:')[0][-12000:]}")
-        if attempt == retries:
+        if attempt > retries:
             raise TimeoutError(message)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
-    raise AssertionError("unreachable")
