@@ -17,7 +17,7 @@ def run_experiment(*args, timeout=450, retries=1) -> subprocess.CompletedProcess
     about 150 s beside the rest of the suite) it is sent SIGABRT, on which the fault handler writes the stack of
     every thread to stderr, and it is started again, up to ``retries`` times, with a warning that carries those
     stacks; past that, `TimeoutError` with the stacks. Why: twice, in full runs of the suite (CI's and one here, at
-    the same test, lowrank-pm25 --quick), a child stopped making progress for 900 s, while hundreds of runs of the
+    the same test, lowrank-pm25 --quick), a child stopped making progress for 900 s, while some thirty runs of the
     same command alone, beside a loaded core, and replaying the same worker's test sequence took about 20 s each;
     the stacks say where the next one stops."""
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONFAULTHANDLER="1")
