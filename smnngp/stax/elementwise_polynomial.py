@@ -272,7 +272,7 @@ def RectifiedMonomial(degree: int) -> Layer:
         return val / (2 * math.pi)
 
     def moments(c, v1, v2, want_dot):
-        sin_part, theta, r = _angle(c, v1, v2)
+        sin_part, theta, r, c = _angle(c, v1, v2)  # c rounded through the correlation (see `_angle`)
         val = kernel(n, polys[0], sin_part, theta, c, r)
         dot = None
         if want_dot:
