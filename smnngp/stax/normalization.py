@@ -13,6 +13,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from smnngp.kernels import Kernel
 from smnngp.stax import masking
@@ -53,16 +54,16 @@ def _diagonal_scale(shape, n_batch_axes: int, full: bool, factor):
     ends coincide when a == b; 1: cov1, whose ends are the same point). With ``full`` the spatial axes come
     in pairs (h, h') that must coincide; otherwise every entry is a same-position one.
     """
-    mask = np.ones((1,) * len(shape), dtype=bool)
-    if n_batch_axes == 2:
-        eye = np.eye(shape[0], shape[1], dtype=bool)
-        mask = mask & eye.reshape(eye.shape + (1,) * (len(shape) - 2))
-    if full:
-        for i in range(n_batch_axes, len(shape), 2):
-            eye = np.eye(shape[i], shape[i + 1], dtype=bool)
-            pos = [1] * len(shape)
-            pos[i], pos[i + 1] = shape[i], shape[i + 1]
-            mask = mask & eye.reshape(pos)
+    # Index comparisons, not a constant: an N x N mask built in numpy became an 8 MB constant of the program
+    # (compiled into it and read from memory on every call).
+    pairs = ([(0, 1)] if n_batch_axes == 2 else []) + (
+        [(i, i + 1) for i in range(n_batch_axes, len(shape), 2)] if full else [])
+    if not pairs:
+        return jnp.asarray(factor)
+    mask = None
+    for i, j in pairs:
+        same = lax.broadcasted_iota(jnp.int32, shape, i) == lax.broadcasted_iota(jnp.int32, shape, j)
+        mask = same if mask is None else mask & same
     return jnp.where(mask, factor, 1.0)
 
 
@@ -183,21 +184,24 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
         q1 = normaliser(k.cov1, m1)
         q2 = q1 if k.cov2 is None else normaliser(k.cov2, m2)
 
+        # One inverse square root per point and position, multiplied in pairs: mat / sqrt(q q') as an array
+        # of pairs would take a square root per entry (an array of its own that every covariance reads).
+        r1 = 1 / jnp.sqrt(q1)
+        r2 = r1 if k.cov2 is None else 1 / jnp.sqrt(q2)
+
         def cross(mat):
             if mat is None or mat.ndim == 0:
                 return mat
-            left = _spread(q1, True, 2, 0, k.full)
-            right = _spread(q2, False, 2, 1, k.full)
-            return mat / jnp.sqrt(left * right)
+            return mat * (_spread(r1, True, 2, 0, k.full) * _spread(r2, False, 2, 1, k.full))
 
-        def own(mat, q):
-            return mat / jnp.sqrt(_spread(q, True, 1, 0, k.full) * _spread(q, False, 1, 0, k.full))
+        def own(mat, r):
+            return mat * (_spread(r, True, 1, 0, k.full) * _spread(r, False, 1, 0, k.full))
 
         return k.replace(
             nngp=cross(k.nngp),
             ntk=cross(k.ntk),
-            cov1=own(k.cov1, q1),
-            cov2=None if k.cov2 is None else own(k.cov2, q2),
+            cov1=own(k.cov1, r1),
+            cov2=None if k.cov2 is None else own(k.cov2, r2),
         )
 
     # Normalising over the batch couples the points of a batch: the kernel of a tile is not a block of the
