@@ -633,9 +633,18 @@ def _spatial_mean(mat, batch_ndim: int):
 
 
 def _spatial_diagonal(mat, batch_ndim: int):
-    """(batch..., H, H', W, W') -> (batch..., H, W): same-position entries."""
+    """(batch..., H, H', W, W') -> (batch..., H, W): same-position entries.
+
+    Each position pair (H, H) is merged into one axis of H^2 entries and every (H + 1)-th is kept: a strided
+    slice, which XLA fuses into what reads it, where `jnp.diagonal`'s gather compiled into a large kernel of its own.
+    """
     nd = (mat.ndim - batch_ndim) // 2
-    for _ in range(nd):
-        # Take the diagonal of the leading pair and move it to the end.
-        mat = jnp.diagonal(mat, axis1=batch_ndim, axis2=batch_ndim + 1)
+    for i in range(nd):
+        ax = batch_ndim + i
+        h = mat.shape[ax]
+        if mat.shape[ax + 1] != h:  # not a pair of the same positions: the general diagonal
+            mat = jnp.moveaxis(jnp.diagonal(mat, axis1=ax, axis2=ax + 1), -1, ax)
+            continue
+        merged = mat.reshape(mat.shape[:ax] + (h * h,) + mat.shape[ax + 2:])
+        mat = lax.slice_in_dim(merged, 0, h * h, stride=h + 1, axis=ax)
     return mat
