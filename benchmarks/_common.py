@@ -46,19 +46,30 @@ def worker_setup(library: str):
 
 def time_first_and_steady(fn, *args, repeats: int):
     """``(output, first, steady)``: the first call of ``fn(*args)`` (trace + compile + run for a jitted ``fn``) and
-    ``repeats`` further calls, each timed in seconds up to ``jax.block_until_ready``."""
+    ``repeats`` further calls, each timed in seconds up to ``jax.block_until_ready``.
+
+    As `timeit` does, Python's garbage collector is off while the calls are timed (after one full collection before
+    the first): a full collection walks every live object of the process (JAX's included) and took about 0.06 s
+    here when one happened to fall inside a trace, a pause that depends on the heap, not on the library being timed.
+    """
+    import gc
     import time
 
     import jax
 
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - start
-    steady = []
-    for _ in range(repeats):
+    gc.collect()
+    gc.disable()
+    try:
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        steady.append(time.perf_counter() - start)
+        out = jax.block_until_ready(fn(*args))
+        first = time.perf_counter() - start
+        steady = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            steady.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
     return out, first, steady
 
 
