@@ -10,19 +10,127 @@ architecture, as there: ``jax.jit(...).trace``, ``.lower()``, ``.compile()`` and
 one, then the best and median of ``--steady`` further calls, and the size of the optimised program (HLO
 instructions). ``--untiled`` also times each case with the symmetric tiling of ``x2=None`` kernels switched off
 (`smnngp.stax._core._SYMMETRIC_MIN_ENTRIES`), the two variants alternated call by call so that a busy spell on the
-machine hits both alike. RESULTS §1 quotes its figures; run it at two commits to compare them.
+machine hits both alike. ``--nt-program`` also times neural-tangents' own program for each case compiled by
+*this* JAX: the oracle environment (``SMNNGP_ORACLE_VENV``, default ``.venv-oracle``) traces nt's ``kernel_fn``
+and exports it (StableHLO, `jax.experimental.export`), and this process lowers, compiles and runs the export
+(``pip install flatbuffers`` to read it; in the ``bench`` extra). The row separates what the toolchain costs
+(the same program compiled by jaxlib 0.4.23 and by ours) from what our program costs (ours and nt's on one
+compiler); its trace column is nt's trace in its own environment. RESULTS §1 quotes its figures; run it at two
+commits to compare them.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import worker_setup  # noqa: E402
-from kernels import CASES, PATTERN_CASES, build, make_inputs  # noqa: E402
+from kernels import CASES, PATTERN_CASES, ROOT, build, make_inputs, worker_env  # noqa: E402
+
+
+def export_nt(names, out_dir: str) -> None:
+    """In the oracle environment: trace nt's ``kernel_fn`` of each case and write its export to ``out_dir``."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.export import export, serialization
+
+    stax, _ = worker_setup("nt")
+    inputs = make_inputs(names)
+    for name in names:
+        x = jnp.asarray(inputs[name], jnp.float64)
+        args = [x] + ([jnp.asarray(inputs[name + "__pattern"], jnp.float64)] if name in PATTERN_CASES else [])
+
+        def kernel(a, *pattern, name=name):
+            kw = {"pattern": (pattern[0], pattern[0])} if pattern else {}
+            return tuple(build(stax, name)[2](a, None, ("nngp", "ntk"), **kw))
+
+        tiny = [jnp.ones(CASES[name][2], jnp.float64)]
+        if name in PATTERN_CASES:
+            tiny.append(jnp.ones((2,) + CASES[name][2][1:2] * 2, jnp.float64))
+        jax.block_until_ready(jax.jit(kernel)(*tiny))  # as for ours: layer types traced once before the timing
+        fn = jax.jit(kernel)
+        gc.collect()
+        gc.disable()
+        start = time.perf_counter()
+        fn.lower(*args)  # nt's trace (and lowering) in its own environment, for the report
+        trace = time.perf_counter() - start
+        gc.enable()
+        exported = export.export(jax.jit(kernel))(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args])
+        Path(out_dir, name + ".bin").write_bytes(serialization.serialize(exported))
+        Path(out_dir, name + ".trace").write_text(repr(trace))
+
+
+def time_export(name: str, out_dir: str, steady: int) -> None:
+    """In a child process of this environment: lower, compile and run nt's exported program of case ``name``."""
+    import json
+
+    import jax
+    import jax.numpy as jnp
+
+    worker_setup("ours")
+    jax.block_until_ready(jax.jit(lambda a: a + 1)(jnp.ones(3)))  # backend start-up is not the case's cost
+    exported = jax.export.deserialize(bytearray(Path(out_dir, name + ".bin").read_bytes()))
+    inputs = make_inputs([name])
+    args = [jnp.asarray(inputs[name], jnp.float64)]
+    if name in PATTERN_CASES:
+        args.append(jnp.asarray(inputs[name + "__pattern"], jnp.float64))
+    fn = jax.jit(exported.call)
+    gc.collect()
+    gc.disable()
+    t1 = time.perf_counter()
+    lowered = fn.trace(*args).lower()
+    t2 = time.perf_counter()
+    exe = lowered.compile()
+    t3 = time.perf_counter()
+    jax.block_until_ready(exe(*args))
+    t4 = time.perf_counter()
+    gc.enable()
+    times = []
+    for _ in range(steady):
+        start = time.perf_counter()
+        jax.block_until_ready(exe(*args))
+        times.append(time.perf_counter() - start)
+    nt_trace = float(Path(out_dir, name + ".trace").read_text())
+    print(json.dumps({"phases": (nt_trace, t2 - t1, t3 - t2, t4 - t3), "steady": times,
+                      "ops": sum(" = " in line for line in exe.as_text().splitlines())}))
+
+
+def nt_program_row(name: str, out_dir: str, steady: int):
+    """The timings of nt's program for ``name`` on this JAX (a child process: an XLA crash ends only it), or
+    the reason there are none."""
+    import json
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--cases", name, "--time-export", out_dir,
+           "--steady", str(steady)]
+    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"failed in this JAX's XLA (exit code {proc.returncode})"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def export_programs(names, out_dir: str) -> None:
+    """Have the oracle environment export nt's program of each case to ``out_dir``."""
+    oracle_python = Path(os.environ.get("SMNNGP_ORACLE_VENV", ROOT / ".venv-oracle")) / "bin" / "python"
+    if not oracle_python.exists():
+        raise SystemExit(f"--nt-program: no oracle environment at {oracle_python.parent.parent} "
+                         f"(build it with `bash scripts/make_golden.sh` or set SMNNGP_ORACLE_VENV)")
+    try:
+        import flatbuffers  # noqa: F401  (jax.export.deserialize needs it)
+    except ImportError:
+        raise SystemExit("--nt-program: reading nt's export needs flatbuffers (pip install flatbuffers, "
+                         "or the bench extra)") from None
+    cmd = [str(oracle_python), str(Path(__file__).resolve()), "--cases", ",".join(names), "--export-nt", out_dir]
+    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-6000:])
+        raise SystemExit(f"--nt-program: exporting nt's programs failed with exit code {proc.returncode}")
 
 
 def main(argv=None) -> None:
@@ -30,6 +138,10 @@ def main(argv=None) -> None:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     parser.add_argument("--untiled", action="store_true", help="also time every case without the symmetric tiling")
     parser.add_argument("--steady", type=int, default=10, help="calls after the first (best and median reported)")
+    parser.add_argument("--nt-program", action="store_true",
+                        help="also time neural-tangents' program for each case, compiled by this JAX")
+    parser.add_argument("--export-nt", help=argparse.SUPPRESS)
+    parser.add_argument("--time-export", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in names if c not in CASES]
@@ -37,6 +149,12 @@ def main(argv=None) -> None:
         parser.error(f"--cases: unknown {unknown}; choose from {','.join(CASES)}")
     if args.steady < 1:
         parser.error("--steady must be at least 1")
+    if args.export_nt:
+        export_nt(names, args.export_nt)
+        return
+    if args.time_export:
+        time_export(names[0], args.time_export, args.steady)
+        return
 
     import jax
     import jax.numpy as jnp
@@ -47,6 +165,9 @@ def main(argv=None) -> None:
     tiled_threshold = _core._SYMMETRIC_MIN_ENTRIES
     variants = {"tiled": tiled_threshold, **({"untiled": 2**62} if args.untiled else {})}
     inputs = make_inputs(names)
+    tmp = tempfile.TemporaryDirectory()
+    if args.nt_program:
+        export_programs(names, tmp.name)
     print(f"{'case':18s} {'variant':8s} {'trace':>7s} {'lower':>7s} {'compile':>8s} {'1st run':>8s} "
           f"{'best':>8s} {'median':>8s} {'HLO ops':>8s}")
     for name in names:
@@ -63,6 +184,8 @@ def main(argv=None) -> None:
             warm = jax.jit(lambda a, k: build(stax, name)[2](a, None, ("nngp", "ntk"), **k))
             jax.block_until_ready(warm(tiny, tiny_kw))
             fn = jax.jit(lambda a, k: build(stax, name)[2](a, None, ("nngp", "ntk"), **k))
+            gc.collect()
+            gc.disable()  # as in kernels.py: no collection pause inside a timed phase
             t0 = time.perf_counter()
             traced = fn.trace(x, kw)
             t1 = time.perf_counter()
@@ -72,6 +195,7 @@ def main(argv=None) -> None:
             t3 = time.perf_counter()
             jax.block_until_ready(exe(x, kw))
             t4 = time.perf_counter()
+            gc.enable()
             ops = sum(" = " in line for line in exe.as_text().splitlines())
             compiled[variant] = exe
             rows[variant] = {"phases": (t1 - t0, t2 - t1, t3 - t2, t4 - t3), "ops": ops, "steady": []}
@@ -81,6 +205,12 @@ def main(argv=None) -> None:
                 start = time.perf_counter()
                 jax.block_until_ready(exe(x, kw))
                 rows[variant]["steady"].append(time.perf_counter() - start)
+        if args.nt_program:
+            row = nt_program_row(name, tmp.name, args.steady)
+            if isinstance(row, str):
+                print(f"{CASES[name][0]:18s} {'nt prog':8s} {row}")
+            else:
+                rows["nt prog"] = row
         for variant, row in rows.items():
             steady = sorted(row["steady"])
             trace, lower, comp, first = row["phases"]
@@ -88,6 +218,10 @@ def main(argv=None) -> None:
             print(f"{CASES[name][0]:18s} {variant:8s} {phases} {steady[0]:8.4f} {steady[len(steady) // 2]:8.4f} "
                   f"{row['ops']:8d}")
     print("seconds; trace / lower / compile / 1st run: the phases of a first call; best / median: later calls")
+    if args.nt_program:
+        print("nt prog: neural-tangents' program compiled and run by this JAX; in a child process; its trace column is "
+              "nt's trace and lowering in its own environment, its lower column the lowering of the import here")
+    tmp.cleanup()
 
 
 if __name__ == "__main__":
