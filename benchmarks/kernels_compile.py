@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -59,18 +60,21 @@ def export_nt(names, out_dir: str) -> None:
         gc.collect()
         gc.disable()
         start = time.perf_counter()
-        fn.lower(*args)  # nt's trace (and lowering) in its own environment, for the report
-        trace = time.perf_counter() - start
+        lowered = fn.lower(*args)  # nt's trace and lowering in its own environment
+        t1 = time.perf_counter()
+        exe = lowered.compile()
+        t2 = time.perf_counter()
+        jax.block_until_ready(exe(*args))
+        t3 = time.perf_counter()
         gc.enable()
+        own = {"trace": t1 - start, "compile": t2 - t1, "first": t3 - t2}
         exported = export.export(jax.jit(kernel))(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args])
         Path(out_dir, name + ".bin").write_bytes(serialization.serialize(exported))
-        Path(out_dir, name + ".trace").write_text(repr(trace))
+        Path(out_dir, name + ".own.json").write_text(json.dumps(own))
 
 
 def time_export(name: str, out_dir: str, steady: int) -> None:
     """In a child process of this environment: lower, compile and run nt's exported program of case ``name``."""
-    import json
-
     import jax
     import jax.numpy as jnp
 
@@ -97,16 +101,14 @@ def time_export(name: str, out_dir: str, steady: int) -> None:
         start = time.perf_counter()
         jax.block_until_ready(exe(*args))
         times.append(time.perf_counter() - start)
-    nt_trace = float(Path(out_dir, name + ".trace").read_text())
-    print(json.dumps({"phases": (nt_trace, t2 - t1, t3 - t2, t4 - t3), "steady": times,
+    own = json.loads(Path(out_dir, name + ".own.json").read_text())
+    print(json.dumps({"phases": (own["trace"], t2 - t1, t3 - t2, t4 - t3), "steady": times, "own": own,
                       "ops": sum(" = " in line for line in exe.as_text().splitlines())}))
 
 
 def nt_program_row(name: str, out_dir: str, steady: int):
     """The timings of nt's program for ``name`` on this JAX (a child process: an XLA crash ends only it), or
     the reason there are none."""
-    import json
-
     cmd = [sys.executable, str(Path(__file__).resolve()), "--cases", name, "--time-export", out_dir,
            "--steady", str(steady)]
     proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True)
@@ -205,22 +207,27 @@ def main(argv=None) -> None:
                 start = time.perf_counter()
                 jax.block_until_ready(exe(x, kw))
                 rows[variant]["steady"].append(time.perf_counter() - start)
+        own = None
         if args.nt_program:
             row = nt_program_row(name, tmp.name, args.steady)
             if isinstance(row, str):
                 print(f"{CASES[name][0]:18s} {'nt prog':8s} {row}")
             else:
-                rows["nt prog"] = row
+                rows["nt prog"], own = row, row["own"]
         for variant, row in rows.items():
             steady = sorted(row["steady"])
             trace, lower, comp, first = row["phases"]
             phases = f"{trace:7.3f} {lower:7.3f} {comp:8.3f} {first:8.3f}"
             print(f"{CASES[name][0]:18s} {variant:8s} {phases} {steady[0]:8.4f} {steady[len(steady) // 2]:8.4f} "
                   f"{row['ops']:8d}")
+        if own is not None:
+            print(f"{CASES[name][0]:18s} {'nt own':8s} {own['trace']:7.3f} {'':7s} {own['compile']:8.3f} "
+                  f"{own['first']:8.3f}")
     print("seconds; trace / lower / compile / 1st run: the phases of a first call; best / median: later calls")
     if args.nt_program:
-        print("nt prog: neural-tangents' program compiled and run by this JAX; in a child process; its trace column is "
-              "nt's trace and lowering in its own environment, its lower column the lowering of the import here")
+        print("nt prog: neural-tangents' program compiled and run by this JAX, in a child process (its trace column is "
+              "nt's trace + lowering in its own environment, its lower column the lowering of the import here); "
+              "nt own: the same program traced + lowered, compiled and first run by nt's own JAX (jaxlib 0.4.23)")
     tmp.cleanup()
 
 
