@@ -89,6 +89,26 @@ def test_dense_and_sparse_kernels_agree(node_shape, agg):
     assert kd.nngp.shape == (3, 2) + tuple(s for n in x_shape for s in (n, n))
 
 
+@pytest.mark.parametrize("impl", ["DENSE", "SPARSE"])
+def test_symmetric_kernel_reads_its_covariances_off_the_nngp(impl):
+    """x2=None: each point's full covariance with itself (cov1, node pairs) is the batch diagonal of the NNGP,
+    exactly (Aggregate and Relu read it off the new NNGP), and equals what the same network gives with x2=x
+    (where both sides' covariances are mapped on their own) to rounding."""
+    node_shape = (5,)
+    x = np.random.RandomState(10).normal(size=(4,) + node_shape + (3,))
+    e = edges(11, 4, node_shape, 9, 2)
+    p = e if impl == "SPARSE" else dense_of(e, node_shape)
+    net = stax.serial(stax.Dense(8, W_std=1.5, b_std=0.2), stax.Aggregate(implementation=impl), stax.Relu(),
+                      stax.Dense(8, W_std=1.3, b_std=0.1), stax.Aggregate(implementation=impl), stax.Relu())
+    ks = jk(net)(x, None, (p, p))
+    kx = jk(net)(x, x, (p, p))
+    diag = np.asarray(ks.nngp)[np.arange(4), np.arange(4)]
+    assert ks.cov2 is None and ks.cov1.shape == (4, 5, 5)
+    np.testing.assert_array_equal(ks.cov1, diag)
+    assert rel(ks.cov1, kx.cov1) < 1e-13 and rel(kx.cov2, kx.cov1) < 1e-13
+    assert rel(ks.nngp, kx.nngp) < 1e-13 and rel(ks.ntk, kx.ntk) < 1e-13
+
+
 def test_apply_fn_is_the_sum_over_predecessors():
     """y[n, j] = sum over arcs (i -> j) of x[n, i], checked by a loop over arcs, for both implementations."""
     x = np.random.RandomState(4).normal(size=(3, 4, 3, 5))

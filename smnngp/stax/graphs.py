@@ -35,7 +35,7 @@ from jax import lax
 
 from smnngp.kernels import Kernel
 from smnngp.stax import masking
-from smnngp.stax._core import Layer, _is_concrete, _single_shape, to_canonical
+from smnngp.stax._core import Layer, _batch_diagonal, _is_concrete, _single_shape, to_canonical
 
 __all__ = ["Aggregate", "AggregateImplementation"]
 
@@ -273,7 +273,11 @@ def Aggregate(
         def maybe(fn, mat):
             return mat if mat is None or jnp.ndim(mat) == 0 else fn(mat)
 
-        return k.replace(nngp=pair(k.nngp), ntk=maybe(pair, k.ntk), cov1=maybe(self1, k.cov1),
+        nngp = pair(k.nngp)
+        if k.cov2 is None and jnp.ndim(k.cov1) == nngp.ndim - 1:
+            # x2 is x1: each point's covariance with itself is the batch diagonal of the new nngp.
+            return k.replace(nngp=nngp, ntk=maybe(pair, k.ntk), cov1=_batch_diagonal(nngp))
+        return k.replace(nngp=nngp, ntk=maybe(pair, k.ntk), cov1=maybe(self1, k.cov1),
                          cov2=maybe(self2, k.cov2))
 
     def needs_full(out_full: bool) -> bool:
