@@ -14,9 +14,9 @@ from smnngp.kernels import Kernel
 from smnngp.stax._core import (
     Layer,
     _act_param,
-    _batch_diagonal,
     _fmt,
     _spatial_diagonal,
+    self_covariances,
 )
 from smnngp.stax.masking import MaskRule
 
@@ -86,14 +86,11 @@ def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | Non
         nngp_pair, cov1_pair, cov2_pair = _pair_variances(k)
         want_dot = k.ntk is not None
         nngp, dot = moments(k.nngp, *nngp_pair, want_dot)
-        if diag is not None and (not k.full or k.spatial_ndim == 0):
+        cov1, cov2 = self_covariances(k, nngp), None  # x2 is x1 with full covariances: off the new nngp
+        if cov1 is None and diag is not None and (not k.full or k.spatial_ndim == 0):
             cov1 = diag(k.cov1)
             cov2 = None if k.cov2 is None else diag(k.cov2)
-        elif k.cov2 is None and k.full and k.spatial_ndim > 0:
-            # x2 is x1: the full covariances of each point with itself are the batch diagonal of the
-            # new nngp, read off it rather than computed by the map a second time (a fused kernel less).
-            cov1, cov2 = _batch_diagonal(nngp), None
-        else:
+        elif cov1 is None:
             cov1, _ = moments(k.cov1, *cov1_pair, False)
             cov2 = None if cov2_pair is None else moments(k.cov2, *cov2_pair, False)[0]
         ntk = None if k.ntk is None else k.ntk * dot

@@ -35,7 +35,7 @@ from jax import lax
 
 from smnngp.kernels import Kernel
 from smnngp.stax import masking
-from smnngp.stax._core import Layer, _batch_diagonal, _is_concrete, _single_shape, to_canonical
+from smnngp.stax._core import Layer, _is_concrete, _single_shape, self_covariances, to_canonical
 
 __all__ = ["Aggregate", "AggregateImplementation"]
 
@@ -274,9 +274,9 @@ def Aggregate(
             return mat if mat is None or jnp.ndim(mat) == 0 else fn(mat)
 
         nngp = pair(k.nngp)
-        if k.cov2 is None and jnp.ndim(k.cov1) == nngp.ndim - 1:
-            # x2 is x1: each point's covariance with itself is the batch diagonal of the new nngp.
-            return k.replace(nngp=nngp, ntk=maybe(pair, k.ntk), cov1=_batch_diagonal(nngp))
+        cov1 = self_covariances(k, nngp)  # x2 is x1: read off the new nngp
+        if cov1 is not None:
+            return k.replace(nngp=nngp, ntk=maybe(pair, k.ntk), cov1=cov1)
         return k.replace(nngp=nngp, ntk=maybe(pair, k.ntk), cov1=maybe(self1, k.cov1),
                          cov2=maybe(self2, k.cov2))
 
