@@ -36,6 +36,29 @@ from _common import worker_setup  # noqa: E402
 from kernels import CASES, PATTERN_CASES, ROOT, build, make_inputs, worker_env  # noqa: E402
 
 
+def timed_first_call(fn, args):
+    """``(compiled, (trace, lower, compile, first run))`` of the jitted ``fn`` on ``args``, in seconds, with the
+    garbage collector off (as `_common.time_first_and_steady`). On a JAX without ``jit(...).trace`` (nt's 0.4.23)
+    the trace is timed with the lowering and reported as 0."""
+    import jax
+
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        staged = fn.trace(*args) if hasattr(fn, "trace") else fn
+        t1 = time.perf_counter()
+        lowered = staged.lower() if hasattr(fn, "trace") else fn.lower(*args)
+        t2 = time.perf_counter()
+        exe = lowered.compile()
+        t3 = time.perf_counter()
+        jax.block_until_ready(exe(*args))
+        t4 = time.perf_counter()
+    finally:
+        gc.enable()
+    return exe, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+
+
 def export_nt(names, out_dir: str) -> None:
     """In the oracle environment: trace nt's ``kernel_fn`` of each case and write its export to ``out_dir``."""
     import jax
@@ -56,18 +79,8 @@ def export_nt(names, out_dir: str) -> None:
         if name in PATTERN_CASES:
             tiny.append(jnp.ones((2,) + CASES[name][2][1:2] * 2, jnp.float64))
         jax.block_until_ready(jax.jit(kernel)(*tiny))  # as for ours: layer types traced once before the timing
-        fn = jax.jit(kernel)
-        gc.collect()
-        gc.disable()
-        start = time.perf_counter()
-        lowered = fn.lower(*args)  # nt's trace and lowering in its own environment
-        t1 = time.perf_counter()
-        exe = lowered.compile()
-        t2 = time.perf_counter()
-        jax.block_until_ready(exe(*args))
-        t3 = time.perf_counter()
-        gc.enable()
-        own = {"trace": t1 - start, "compile": t2 - t1, "first": t3 - t2}
+        _, (trace, lower, comp, first) = timed_first_call(jax.jit(kernel), args)
+        own = {"trace": trace + lower, "compile": comp, "first": first}  # nt's, in its own environment
         exported = export.export(jax.jit(kernel))(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args])
         Path(out_dir, name + ".bin").write_bytes(serialization.serialize(exported))
         Path(out_dir, name + ".own.json").write_text(json.dumps(own))
@@ -85,24 +98,14 @@ def time_export(name: str, out_dir: str, steady: int) -> None:
     args = [jnp.asarray(inputs[name], jnp.float64)]
     if name in PATTERN_CASES:
         args.append(jnp.asarray(inputs[name + "__pattern"], jnp.float64))
-    fn = jax.jit(exported.call)
-    gc.collect()
-    gc.disable()
-    t1 = time.perf_counter()
-    lowered = fn.trace(*args).lower()
-    t2 = time.perf_counter()
-    exe = lowered.compile()
-    t3 = time.perf_counter()
-    jax.block_until_ready(exe(*args))
-    t4 = time.perf_counter()
-    gc.enable()
+    exe, (trace, lower, comp, first) = timed_first_call(jax.jit(exported.call), args)
     times = []
     for _ in range(steady):
         start = time.perf_counter()
         jax.block_until_ready(exe(*args))
         times.append(time.perf_counter() - start)
     own = json.loads(Path(out_dir, name + ".own.json").read_text())
-    print(json.dumps({"phases": (own["trace"], t2 - t1, t3 - t2, t4 - t3), "steady": times, "own": own,
+    print(json.dumps({"phases": (own["trace"], trace + lower, comp, first), "steady": times, "own": own,
                       "ops": sum(" = " in line for line in exe.as_text().splitlines())}))
 
 
@@ -186,21 +189,10 @@ def main(argv=None) -> None:
             warm = jax.jit(lambda a, k: build(stax, name)[2](a, None, ("nngp", "ntk"), **k))
             jax.block_until_ready(warm(tiny, tiny_kw))
             fn = jax.jit(lambda a, k: build(stax, name)[2](a, None, ("nngp", "ntk"), **k))
-            gc.collect()
-            gc.disable()  # as in kernels.py: no collection pause inside a timed phase
-            t0 = time.perf_counter()
-            traced = fn.trace(x, kw)
-            t1 = time.perf_counter()
-            lowered = traced.lower()
-            t2 = time.perf_counter()
-            exe = lowered.compile()
-            t3 = time.perf_counter()
-            jax.block_until_ready(exe(x, kw))
-            t4 = time.perf_counter()
-            gc.enable()
+            exe, phases = timed_first_call(fn, (x, kw))
             ops = sum(" = " in line for line in exe.as_text().splitlines())
             compiled[variant] = exe
-            rows[variant] = {"phases": (t1 - t0, t2 - t1, t3 - t2, t4 - t3), "ops": ops, "steady": []}
+            rows[variant] = {"phases": phases, "ops": ops, "steady": []}
         _core._SYMMETRIC_MIN_ENTRIES = tiled_threshold
         for _ in range(args.steady):
             for variant, exe in compiled.items():
