@@ -59,7 +59,7 @@ def main():
                          ("blocked", blocked)):
         start = time.perf_counter()
         with jax.default_matmul_precision("highest"):
-            compiled = posterior._dense_factor.__wrapped__.lower(fn, tile, block, params, x, diag).compile()
+            compiled = posterior._dense_factor.__wrapped__.lower(fn, tile, block, dtype, params, x, diag).compile()
         plan = compiled.memory_analysis()
         out, temp = plan.output_size_in_bytes / unit, plan.temp_size_in_bytes / unit
         print(f"  {label:<17} block {block:>7}: output {out:.2f} + temporaries {temp:.2f} = {out + temp:.2f} N^2 "

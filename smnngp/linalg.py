@@ -222,6 +222,7 @@ def escalate_jitter(factor, mean_diag: float, dtype, *, name: str, max_relative_
         L, ok = factor(jitter)
         if bool(ok):
             return Cholesky(L, jitter)
+        del L, ok  # a failed factor is garbage: its N x N buffer goes before the next try builds another
         jitter = (10 * eps * mean_diag) if jitter == 0.0 else jitter * 10
         if jitter > max_relative_jitter * mean_diag:
             lam = "" if smallest_eigenvalue is None else f": smallest eigenvalue {smallest_eigenvalue():.3g}"
@@ -296,10 +297,14 @@ def blocked_cholesky(A, block: int | None = None):
         A = A.at[k0:k1, k1:].set(0.0)
         for r0 in range(k1, n, chunk):
             r1 = min(r0 + chunk, n)
-            # the barrier ties this product to the previous update, so that XLA cannot compute every chunk's
-            # product first and hold them all at once
-            P, A = lax.optimization_barrier((P, A))
-            A = A.at[r0:r1, k1:r1].add(-jnp.matmul(P[r0 - k1:r1 - k1], P[:r1 - k1].T, precision=hi))
+            # The chunk's rows of P plus zero times one entry of A as the previous chunk's update left it: a data
+            # dependence that makes XLA compute each chunk's product after that update, so the products share one
+            # buffer. Without it every product depends on P alone, and XLA computed them all first and held them
+            # at once (0.63 N^2 of temporaries at N = 2,048, b = 128; an optimisation barrier between the chunks
+            # did not stop it, since XLA removes barriers before it schedules; reading the rows from A itself made
+            # XLA copy A). A NaN in A (not positive definite) stays a NaN in the factor, as documented.
+            tie = A[r0 - 1, k1 - 1] * 0.0
+            A = A.at[r0:r1, k1:r1].add(-jnp.matmul(P[r0 - k1:r1 - k1] + tie, P[:r1 - k1].T, precision=hi))
     return A
 
 
