@@ -239,9 +239,9 @@ def cholesky_block_size(n: int, platform: str | None = None) -> int:
     256, so that the temporaries (a panel of ``n x b`` and products of ``2b x n``) stay under a matrix and the
     unrolled program small; measured there, the factorisation then peaks at 1.36 matrices instead of 3 (XLA's
     plan), at the speed of LAPACK's own. On an accelerator: the whole matrix (one cuSOLVER call). There the
-    blocked program measured no leaner on an H100 (XLA's GPU layout assignment adds a transposed copy either way: 3 matrices at
-    N = 40,000) and it compiles one autotuned GEMM per distinct block shape (a minute for float32 at N = 10,000),
-    so the library does not use it there until that changes.
+    blocked program measured no leaner on an H100 (XLA's GPU layout assignment adds a transposed copy either way:
+    3 matrices at N = 40,000) and it compiles one autotuned GEMM per distinct block shape (a minute for float32 at
+    N = 10,000), so the library does not use it there until that changes.
 
     Args:
         n: the matrix's size.
