@@ -2,12 +2,14 @@
 
 Usage (from the project root; GPyTorch comes with ``pip install -e ".[bench]"`` after a CPU build of torch)::
 
-    python benchmarks/scale.py [--sizes 2000 5000 10000] [--n-test 1000] [--dtype float64] [--repeats 1]
+    python benchmarks/scale.py [--sizes 2000 5000 10000] [--n-test 1000] [--dtype float64] [--kernel rbf]
+                               [--repeats 1]
                                [--cases ours-dense ours-mixed ours-cg gpytorch-chol gpytorch-cg] [--timeout 1800]
                                [--quick]
 
 Problem: ``d = 8`` standard-normal inputs, ``y = sin(x w) + 0.1 e`` (one output), an RBF kernel
-(lengthscale 2, variance 1), noise 0.01, 1,000 test points. Each case at each N runs in a fresh process (so that
+(lengthscale 2, variance 1; ``--kernel mlp``: the NNGP of a 3-layer ReLU MLP, our cases only), noise 0.01, 1,000
+test points. Each case at each N runs in a fresh process (so that
 its peak memory is its own): one first call, then ``--repeats`` timed calls of the whole fit + predict (mean and
 variance at every test point); the best of those is the steady time.
 
@@ -59,17 +61,31 @@ def _data(n, n_test, seed=0):
     return x, np.sin(x @ w) + 0.1 * rng.normal(size=n), xt
 
 
+KERNELS = ("rbf", "mlp")
+
+
+def _kernel(name):
+    """The benchmark's kernel: an RBF ``ParametricKernel`` (lengthscale 2, variance 1), or the NNGP of a 3-layer
+    ReLU MLP (``stax``, widths 512, W_std 1.5, b_std 0.05), issue 30's second kernel at N = 10^6."""
+    from smnngp import kernels, posterior, stax
+
+    if name == "rbf":
+        return kernels.rbf(LENGTHSCALE, 1.0)
+    layers = [layer for _ in range(3) for layer in (stax.Dense(512, W_std=1.5, b_std=0.05), stax.Relu())]
+    return posterior.as_kernel_callable(stax.serial(*layers, stax.Dense(1, W_std=1.0))[2])
+
+
 def _ours(args, x, y, xt):
     import jax
     import jax.numpy as jnp
 
     jax.config.update("jax_enable_x64", args.dtype == "float64")
     sys.path.insert(0, str(ROOT))
-    from smnngp import kernels, matfree, posterior, priors
+    from smnngp import matfree, posterior, priors
 
     dt = jnp.float64 if args.dtype == "float64" else jnp.float32
     x, y, xt = (jnp.asarray(a, dt) for a in (x, y, xt))
-    kernel = kernels.rbf(LENGTHSCALE, 1.0)
+    kernel = _kernel(args.kernel)
     method = args.case.split("-")[1]
     if method == "mixed":
         opts = matfree.CG(tol=args.mixed_tol, num_probes=args.probes, max_iter=args.max_iter)
@@ -185,6 +201,8 @@ def main():
     parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 5000, 10000])
     parser.add_argument("--n-test", type=int, default=1000)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    parser.add_argument("--kernel", choices=KERNELS, default="rbf",
+                        help="rbf, or mlp: the NNGP of a 3-layer ReLU MLP (ours only: GPyTorch has no such kernel)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--tol", type=float, default=1e-4)
@@ -205,8 +223,11 @@ def main():
         return
     if args.quick:
         args.sizes, args.n_test, args.repeats = [300], 50, 1
+    if args.kernel != "rbf" and any(c.startswith("gpytorch") for c in args.cases):
+        parser.error(f"--kernel {args.kernel}: GPyTorch has no such kernel; choose ours-* cases only")
     results, failed = [], set()
-    passthrough = ["--n-test", str(args.n_test), "--dtype", args.dtype, "--repeats", str(args.repeats),
+    passthrough = ["--n-test", str(args.n_test), "--dtype", args.dtype, "--kernel", args.kernel,
+                   "--repeats", str(args.repeats),
                    "--tol", str(args.tol), "--mixed-tol", str(args.mixed_tol), "--rank", str(args.rank),
                    "--probes", str(args.probes),
                    "--love-rank", str(args.love_rank), "--max-iter", str(args.max_iter)]
@@ -255,7 +276,8 @@ def main():
             se = lml["ours-mixed"]["diagnostics"]["logdet_stderr"] / 2
             print(f"  N = {n:>8,}  mixed log ML - dense log ML: {gap:.3g} (reported standard error {se:.3g}, "
                   f"{gap / n:.2g} per point)")
-    name = "scale-quick.json" if args.quick else f"scale-{_device_name()}-{args.dtype}.json"
+    kernel = "" if args.kernel == "rbf" else f"-{args.kernel}"
+    name = "scale-quick.json" if args.quick else f"scale-{_device_name()}-{args.dtype}{kernel}.json"
     write_results(args.out or ROOT / "benchmarks" / "results" / name,
                   {"quick": args.quick, "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "n",
                                                                                                         "case", "out")},
