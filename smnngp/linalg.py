@@ -297,13 +297,14 @@ def blocked_cholesky(A, block: int | None = None):
         A = A.at[k0:k1, k1:].set(0.0)
         for r0 in range(k1, n, chunk):
             r1 = min(r0 + chunk, n)
-            # The chunk's rows of P plus zero times one entry of A as the previous chunk's update left it: a data
-            # dependence that makes XLA compute each chunk's product after that update, so the products share one
-            # buffer. Without it every product depends on P alone, and XLA computed them all first and held them
-            # at once (0.63 N^2 of temporaries at N = 2,048, b = 128; an optimisation barrier between the chunks
-            # did not stop it, since XLA removes barriers before it schedules; reading the rows from A itself made
-            # XLA copy A). A NaN in A (not positive definite) stays a NaN in the factor, as documented.
-            tie = A[r0 - 1, k1 - 1] * 0.0
+            # The chunk's rows of P plus zero times an entry that the previous chunk's update wrote (for the first
+            # chunk, the diagonal block's last entry): a data dependence that makes XLA compute each chunk's
+            # product after that update, so the products share one buffer. Without it every product depends on P
+            # alone, and XLA computed them all first and held them at once (0.63 N^2 of temporaries at N = 2,048,
+            # b = 128; an optimisation barrier between the chunks did not stop it, since XLA removes barriers
+            # before it schedules; reading the rows from A itself made XLA copy A). A NaN in A (not positive
+            # definite) stays a NaN in the factor, as documented.
+            tie = (A[r0 - 1, k1] if r0 > k1 else A[k1 - 1, k1 - 1]) * 0.0
             A = A.at[r0:r1, k1:r1].add(-jnp.matmul(P[r0 - k1:r1 - k1] + tie, P[:r1 - k1].T, precision=hi))
     return A
 
