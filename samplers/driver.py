@@ -250,7 +250,9 @@ def ess_bulk(draws):
 
 def ess_tail(draws, prob: float = 0.9):
     """Tail ESS: the smaller ESS of the split-chain indicators ``I(x <= q_{(1-prob)/2})`` and
-    ``I(x <= q_{(1+prob)/2})`` (the 5% and 95% quantiles by default; Vehtari et al. 2021, section 4.3).
+    ``I(x <= q_{(1+prob)/2})`` (the 5% and 95% quantiles by default; Vehtari et al. 2021, section 4.3, as Stan,
+    BlackJAX and ArviZ 0.x take them). ArviZ 1.x's ``az.ess(method="tail")`` defaults to the 11% and 89% quantiles
+    (its ``stats.ci_prob`` of 0.89): pass it ``prob=(0.05, 0.95)`` to compare, or give ``prob=0.78`` here.
 
     Args:
         draws: ``(chains, draws, ...)``. prob: central probability of the two quantiles.
