@@ -39,7 +39,7 @@ Environment variables
 ``SMNNGP_DATA_URL_<SOURCE>``
     overrides the base URL of one source, ``<SOURCE>`` being the upper-cased key of `BASE_URLS` (``UCI``,
     ``CASCADED_TANKS``, ``PM25_BEIJING``, ``PM25_CITIES``, ``CIFAR``, ``MNIST``, ``FASHION_MNIST``,
-    ``KMNIST``, ``EMNIST``, ``SVHN``). A file's URL is ``<base URL>/<remote path>``, with the remote path laid
+    ``KMNIST``, ``EMNIST``, ``SVHN``, ``PYPI``). A file's URL is ``<base URL>/<remote path>``, with the remote path laid
     out as at the canonical source, so a mirror (or the test suite's local HTTP server) only has to
     reproduce that layout. The module-level dict `BASE_URLS` holds the defaults and may also be edited
     in-process; the environment variable wins.
@@ -97,6 +97,9 @@ BASE_URLS: dict[str, str] = {
     "emnist": "https://biometrics.nist.gov/cs_links/EMNIST",
     # SVHN cropped digits (Netzer et al. 2011), format 2: train_32x32.mat and test_32x32.mat.
     "svhn": "http://ufldl.stanford.edu/housenumbers",
+    # PyPI's source distributions (not data: neural-tangents 0.6.5's sdist, whose tests/ the conformance
+    # harness scripts/nt_conformance.py runs against smnngp.nt; fetched and checked like any registered file).
+    "pypi": "https://files.pythonhosted.org/packages",
 }
 
 

@@ -1,0 +1,1 @@
+"""``neural_tangents._src.utils`` (conformance shim)."""
