@@ -236,12 +236,13 @@ def cholesky_block_size(n: int, platform: str | None = None) -> int:
     """Column block of :func:`blocked_cholesky` for an (n, n) matrix.
 
     On a CPU: the whole matrix below 8,192 rows (one LAPACK call), else about n / 16 rounded up to a multiple of
-    256, so that the temporaries (a panel of ``n x b`` and products of ``2b x n``) stay under a matrix and the
-    unrolled program small; measured there, the factorisation then peaks at 1.36 matrices instead of 3 (XLA's
-    plan), at the speed of LAPACK's own. On an accelerator: the whole matrix (one cuSOLVER call). There the
-    blocked program measured no leaner on an H100 (XLA's GPU layout assignment adds a transposed copy either way:
-    3 matrices at N = 40,000) and it compiles one autotuned GEMM per distinct block shape (a minute for float32 at
-    N = 10,000), so the library does not use it there until that changes.
+    256, so that the temporaries (a panel of ``n x b`` and a few ``b x b`` tiles) stay small and the program
+    (unrolled over the blocks) small; measured there, build + factorisation then plan 1.18 matrices instead of 2-3
+    (XLA's plan, jaxlib 0.10 and 0.12), at the speed of LAPACK's own (single-threaded CPU time at n = 8,192). On an
+    accelerator: the whole matrix (one cuSOLVER call). There the blocked program (before its trailing update became
+    a loop of tiles) measured no leaner on an H100 (XLA's GPU layout assignment adds a transposed copy either way:
+    3 matrices at N = 40,000) and it compiled one autotuned GEMM per distinct block shape (a minute for float32 at
+    N = 10,000), so the library does not use it there until it is measured again.
 
     Args:
         n: the matrix's size.
@@ -262,10 +263,10 @@ def blocked_cholesky(A, block: int | None = None):
 
     Right-looking by column blocks of ``b``: for each block ``k``, ``L_kk = chol(A_kk)``, the panel below,
     ``L_ik = A_ik L_kk^{-T}`` (a product with the triangular inverse of the b x b block), and the trailing lower
-    triangle ``A_ij -= L_ik L_jk^T``, updated in row chunks of ``2b`` so that no product is larger than
-    ``2b x n``. Only the lower triangle of ``A`` is read; the strict upper triangle of the result is zero.
-    Traceable: a matrix that is not positive definite gives NaNs, as ``jnp.linalg.cholesky`` does. Every matrix
-    product runs at full precision (no TF32 on a GPU).
+    triangle ``A_ij -= L_ik L_jk^T``, updated tile by tile (``b x b`` tiles on and below the diagonal, in a
+    ``lax.fori_loop``: see :func:`_trailing_update`). Only the lower triangle of ``A`` is read; the strict upper
+    triangle of the result is zero. Traceable: a matrix that is not positive definite gives NaNs, as
+    ``jnp.linalg.cholesky`` does. Every matrix product runs at full precision (no TF32 on a GPU).
 
     Args:
         A: symmetric positive definite (n, n) matrix (only its lower triangle is used).
@@ -280,33 +281,74 @@ def blocked_cholesky(A, block: int | None = None):
         raise ValueError(f"blocked_cholesky: block must be positive, got {block!r}")
     if b >= n:  # one factorisation call (it reads the lower triangle)
         return lax.linalg.cholesky(A, symmetrize_input=False)
-    hi = lax.Precision.HIGHEST
-    chunk = 2 * b
+    last = None  # the last block's update, P P^T, when the trailing matrix is that block alone
     for k0 in range(0, n, b):
         k1 = min(k0 + b, n)
         # the diagonal block from its lower triangle, transposed: the same symmetric matrix, in the layout LAPACK
         # wants (so XLA does not turn all of A column-major around the call: a full copy on a CPU)
-        low = A[k0:k1, k0:k1]
+        low = A[k0:k1, k0:k1] if last is None else A[k0:k1, k0:k1] - last
         D = lax.linalg.cholesky((jnp.tril(low) + jnp.tril(low, -1).T).T, symmetrize_input=False)
         A = A.at[k0:k1, k0:k1].set(D)
         if k1 == n:
             break
         d_inv = lax.linalg.triangular_solve(D, jnp.eye(k1 - k0, dtype=A.dtype), left_side=True, lower=True)
-        P = jnp.matmul(A[k1:, k0:k1], d_inv.T, precision=hi)
+        P = jnp.matmul(A[k1:, k0:k1], d_inv.T, precision=lax.Precision.HIGHEST)
         A = A.at[k1:, k0:k1].set(P)
         A = A.at[k0:k1, k1:].set(0.0)
-        for r0 in range(k1, n, chunk):
-            r1 = min(r0 + chunk, n)
-            # The chunk's rows of P plus zero times an entry that the previous chunk's update wrote (for the first
-            # chunk, the diagonal block's last entry): a data dependence that makes XLA compute each chunk's
-            # product after that update, so the products share one buffer. Without it every product depends on P
-            # alone, and XLA computed them all first and held them at once (0.63 N^2 of temporaries at N = 2,048,
-            # b = 128; an optimisation barrier between the chunks did not stop it, since XLA removes barriers
-            # before it schedules; reading the rows from A itself made XLA copy A). A NaN in A (not positive
-            # definite) stays a NaN in the factor, as documented.
-            tie = (A[r0 - 1, k1] if r0 > k1 else A[k1 - 1, k1 - 1]) * 0.0
-            A = A.at[r0:r1, k1:r1].add(-jnp.matmul(P[r0 - k1:r1 - k1] + tie, P[:r1 - k1].T, precision=hi))
+        if n - k1 <= b:
+            # The rest is the last diagonal block: its update goes straight into its factorisation, never into A.
+            # Written into A, jaxlib 0.12 read the block back as (A before the update) - P P^T and so kept A
+            # before the update alive beside the updated one: a full copy (2.12 N^2 instead of 1.18).
+            last = jnp.matmul(P, P.T, precision=lax.Precision.HIGHEST)
+        else:
+            A = _trailing_update(A, P, k1, b)
     return A
+
+
+def _trailing_update(A, P, k1: int, t: int):
+    """``A[k1:, k1:] -= P P^T`` on and below the diagonal, in ``t x t`` tiles, one tile per step of a
+    ``lax.fori_loop`` that carries ``A``.
+
+    Each step reads one tile of ``A``, subtracts the product of two ``t``-row slices of the panel ``P`` and writes
+    the tile back in place, so the temporaries are a few ``t x t`` tiles whatever the compiler does. The loop is
+    what keeps it so: unrolled (one product per row chunk, as this function replaced), the schedule was XLA's to
+    choose, and it changed with the compiler. jaxlib 0.10 computed every chunk's product first and held them at once
+    (1.63 N^2 for the build + factorisation at N = 2,048, b = N / 16) unless each product was tied to the previous
+    chunk's update by a data dependence (1.36 N^2); jaxlib 0.12's simplifier rewrote that tie (an entry of the
+    updated matrix) into the entry before the update plus the update, so every update then had to copy the whole
+    matrix to leave the older one readable (3.02 N^2). Inside a loop the update's only reader of ``A`` is the
+    step itself, and no rewriting can reach across steps.
+
+    The tiles cover rows ``k1 + i t`` and columns ``k1 + j t`` for ``j <= i``; when ``n - k1`` is not a multiple
+    of ``t`` the last tile is moved back to end at row (column) ``n`` and its rows (columns) that an earlier tile
+    covers are masked out of the product, so that every entry is updated once. The strict upper triangle of
+    the diagonal tiles is updated too (garbage there, zeroed when its rows' block is factorised, as the caller
+    does).
+    """
+    n = A.shape[0]
+    m = n - k1
+    hi = lax.Precision.HIGHEST
+    if m <= t:
+        raise ValueError(f"_trailing_update: the trailing matrix ({m} rows) is one tile of {t}: the caller folds it "
+                         "into the last block's factorisation")
+    num = -(-m // t)
+    logical = np.arange(num) * t
+    physical = np.minimum(logical, m - t)  # the last tile moved back to end at n
+    ii, jj = np.tril_indices(num)
+    rows, cols = (jnp.asarray(physical[ii], jnp.int32), jnp.asarray(physical[jj], jnp.int32))
+    skip_r, skip_c = (jnp.asarray((logical - physical)[ii], jnp.int32),
+                      jnp.asarray((logical - physical)[jj], jnp.int32))
+    offsets = jnp.arange(t, dtype=jnp.int32)
+
+    def step(p, A):
+        r, c = rows[p], cols[p]
+        prod = jnp.matmul(lax.dynamic_slice_in_dim(P, r, t), lax.dynamic_slice_in_dim(P, c, t).T, precision=hi)
+        keep = (offsets[:, None] >= skip_r[p]) & (offsets[None, :] >= skip_c[p])
+        at = (k1 + r, k1 + c)
+        tile = lax.dynamic_slice(A, at, (t, t))
+        return lax.dynamic_update_slice(A, tile - jnp.where(keep, prod, jnp.zeros((), A.dtype)), at)
+
+    return lax.fori_loop(0, ii.size, step, A)
 
 
 def cholesky_jittered(A, relative_jitter: float = 1e-10) -> jax.Array:
