@@ -117,6 +117,8 @@ class MaskedMLP(NamedTuple):
         for k, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
             init_fn = stax.Dense(fan_out, W_std=self.W_std, b_std=1.0, parameterization="standard")[0]
             _, (W, b) = init_fn(keys[k], (1, fan_in))
+            # Dense draws its bias at neural-tangents' shape (1, fan_out); this network keeps biases as vectors.
+            b = jnp.reshape(b, (fan_out,))
             params.append((W.astype(dtype), (b * (self.b_std / math.sqrt(fan_in))).astype(dtype)))
         masks = tuple((jnp.arange(p) < a).astype(dtype) for p, a in zip(self.widths, self.active))
         return tuple(params), masks

@@ -151,7 +151,7 @@ def test_finite_shapes_agree(layer, shape):
 def test_standard_width_multiplier_sets_finite_width():
     out_shape, (W, b) = stax.Dense(4, b_std=0.1, parameterization="standard", s=(2, 3))[0](jax.random.PRNGKey(0),
                                                                                             (5, 6))
-    assert out_shape == (5, 12) and W.shape == (6, 12) and b.shape == (12,)
+    assert out_shape == (5, 12) and W.shape == (6, 12) and b.shape == (1, 12)
     out_shape, _ = stax.Dense(4, s=(2, 3))[0](jax.random.PRNGKey(0), (5, 6))
     assert out_shape == (5, 4)
 

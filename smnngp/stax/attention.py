@@ -52,6 +52,7 @@ from jax import lax
 from smnngp.kernels import Kernel
 from smnngp.stax import masking
 from smnngp.stax._core import Layer, _check_parameterization, _fmt, _single_shape, _std_value
+from smnngp.stax.linear import _bias
 
 __all__ = ["GlobalSelfAttention", "AttentionMechanism", "PositionalEmbedding"]
 
@@ -382,7 +383,10 @@ def GlobalSelfAttention(
         out = out.reshape((n,) + tuple(spatial) + (n_chan_out,))
         out = jnp.moveaxis(out, (0, -1), (b_ax, c_ax))
         if b is not None:
-            out = out + (b.astype(dt) if standard else b_std * b.astype(dt))
+            b_shape = [1] * x.ndim
+            b_shape[c_ax] = n_chan_out
+            b = _bias(b, tuple(b_shape), layer).astype(dt)
+            out = out + (b if standard else b_std * b)
         return out
 
     # -- the kernel ---------------------------------------------------------

@@ -49,7 +49,7 @@ from smnngp.stax._core import (
     _window_sum,
     padding_name,
 )
-from smnngp.stax.linear import _affine_scale, _check_s
+from smnngp.stax.linear import _affine_scale, _bias, _check_s, _unpack_params
 
 __all__ = ["Conv", "ConvTranspose", "ConvLocal"]
 
@@ -263,31 +263,41 @@ def _conv_layer(kind, out_chan, filter_shape, strides, padding, W_std, b_std, di
     identity_perm = spec.perm_out == tuple(range(nd))
 
     # -- finite network ---------------------------------------------------
+    def bias_shape(out_shape):
+        # neural-tangents' shapes: for Conv / ConvTranspose 1 on every axis of out_spec but 'C'; for ConvLocal
+        # 1 on the batch axis only (a bias per output position and channel).
+        if local:
+            return tuple(1 if c == "N" else int(out_shape[i]) for i, c in enumerate(out_spec))
+        return tuple(spec.width if c == "C" else 1 for c in out_spec)
+
     def init_fn(key, input_shape):
+        # neural-tangents' draws (jax.example_libraries.stax.GeneralConv for Conv / ConvTranspose, its own for
+        # ConvLocal): W from the first and b from the second key of split(key), N(0, 1) at their final shapes;
+        # 'standard' then rescales them (W by W_std / sqrt(fan_in / s_in), b by b_std).
         input_shape = tuple(input_shape)
         out_shape = spec.user_shape_fn(input_shape)
         c_in = input_shape[lhs.index("C")]
         if local:
             dims = {"O": spec.width, "I": c_in * spec.filter_size}
             dims.update({c: out_shape[out_spec.index(c)] for c in spec.r_sp})
-            b_shape = tuple(1 if c == "N" else out_shape[i] for i, c in enumerate(out_spec))
         else:
             dims = {"O": spec.width, "I": c_in}
             dims.update(zip(spec.r_sp, spec.filter_shape))
-            b_shape = (spec.width,) + (1,) * (len(out_spec) - 1 - out_spec.index("C"))
         kw, kb = jax.random.split(key)
         W = jax.random.normal(kw, tuple(dims[c] for c in rhs))
-        b = None if b_std is None else jax.random.normal(kb, b_shape)
+        b = None if b_std is None else jax.random.normal(kb, bias_shape(out_shape))
         if spec.standard:
-            W = W * (W_std / math.sqrt(c_in * spec.filter_size / spec.s_in))
+            W = W * (W_std / (c_in * spec.filter_size / spec.s_in) ** 0.5)
             b = None if b is None else b * b_std
         return out_shape, (W, b)
 
     def apply_fn(params, x, **kwargs):
-        W, b = params
+        W, b = _unpack_params(params, layer)
         if x.ndim != nd + 2:
             raise ValueError(f"{layer}: input of rank {nd + 2} expected, got shape {x.shape}")
         c_in = x.shape[lhs.index("C")]
+        if jnp.ndim(W) != nd + 2:
+            raise ValueError(f"{layer}: W has shape {jnp.shape(W)}, expected rank {nd + 2} (rhs spec {rhs})")
         w_in = W.shape[rhs.index("I")]
         if (w_in // spec.filter_size if local else w_in) != c_in:
             raise ValueError(f"{layer}: input has {c_in} channels but W expects "
@@ -313,6 +323,7 @@ def _conv_layer(kind, out_chan, filter_shape, strides, padding, W_std, b_std, di
             else:
                 out = lax.conv_general_dilated(x, W, spec.strides, pad, dimension_numbers=spec.dn, precision=prec)
         fan_in = c_in * spec.filter_size
+        b = _bias(b, bias_shape(out.shape), layer)
         if spec.standard:
             if spec.s_in != 1:
                 out = out * (1.0 / math.sqrt(spec.s_in))
@@ -486,8 +497,11 @@ def Conv(
     {args}
     Returns:
         `Layer` ``(init_fn, apply_fn, kernel_fn)`` mapping inputs in ``lhs_spec`` layout to outputs in
-        ``out_spec`` layout; its parameters are ``(W, b)`` with ``W`` in ``rhs_spec`` layout and ``b`` of shape
-        (width,) followed by a 1 per axis after ``'C'`` in ``out_spec``, or ``None``.
+        ``out_spec`` layout; its parameters are ``(W, b)`` with ``W`` in ``rhs_spec`` layout and ``b`` of
+        neural-tangents' shape, one axis per letter of ``out_spec``, all 1 except ``'C'`` (the width), or
+        ``None``. With the same key the draws are neural-tangents' (``W`` from the first and ``b`` from the second
+        key of ``jax.random.split(key)``), bit for bit under ``jax_threefry_partitionable=False``; so are
+        `ConvTranspose`'s and `ConvLocal`'s, except that neural-tangents' `ConvLocal` ignores ``s[1]``.
     {raises}"""
     return _conv_layer("Conv", out_chan, filter_shape, strides, padding, W_std, b_std, dimension_numbers,
                        parameterization, s)
@@ -548,7 +562,9 @@ def ConvLocal(
     Returns:
         `Layer` ``(init_fn, apply_fn, kernel_fn)``; parameters ``(W, b)`` with ``W`` in ``rhs_spec`` layout
         whose spatial axes are the output positions and whose ``'I'`` axis has C |F| entries, and ``b`` of the
-        output's shape with a 1 for the batch axis, or ``None``.
+        output's shape with a 1 for the batch axis, or ``None``; neural-tangents' shapes and draws, except
+        under ``'standard'`` with ``s[1] > 1``, where neural-tangents 0.6.5 ignores ``s[1]`` (its layer has
+        ``out_chan`` channels, against its documentation) and this one has ``s[1] * out_chan``.
     {raises}"""
     return _conv_layer("ConvLocal", out_chan, filter_shape, strides, padding, W_std, b_std, dimension_numbers,
                        parameterization, s)

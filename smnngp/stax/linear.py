@@ -49,6 +49,32 @@ def _affine_scale(W_std, b_std):
     return affine
 
 
+def _unpack_params(params, layer: str):
+    """``(W, b)`` from a layer's parameters, or a ValueError naming the layer."""
+    try:
+        W, b = params
+    except (TypeError, ValueError):
+        raise ValueError(f"{layer}: parameters must be a pair (W, b) as init_fn returns them, got "
+                         f"{type(params).__name__}") from None
+    return W, b
+
+
+def _bias(b, expected: tuple, layer: str):
+    """``b`` reshaped to neural-tangents' bias shape ``expected``, or None; a ValueError naming the layer.
+
+    Accepted are ``expected`` itself and its trailing axes (``(width,)`` for a batch of vectors): what numpy
+    broadcasting lets neural-tangents add to its outputs. The missing leading axes are added here explicitly, so
+    that ``out + b`` never relies on rank promotion.
+    """
+    if b is None:
+        return None
+    shape, expected = tuple(jnp.shape(b)), tuple(expected)
+    if not shape or len(shape) > len(expected) or shape != expected[len(expected) - len(shape):]:
+        raise ValueError(f"{layer}: bias has shape {shape}, expected {expected} (the shape init_fn draws, as "
+                         f"neural-tangents does: 1 on every axis but the channels)")
+    return jnp.reshape(b, expected)
+
+
 def Dense(
     out_dim: int,
     W_std: float = 1.0,
@@ -91,14 +117,17 @@ def Dense(
     Returns:
         `Layer` ``(init_fn, apply_fn, kernel_fn)`` replacing the size of ``channel_axis`` with ``out_dim``
         (``s[1] * out_dim`` under ``'standard'``); its parameters are ``(W, b)`` with ``W`` of shape
-        (C, width) and ``b`` of shape (width,) followed by a 1 for every axis after ``channel_axis`` (so that
-        it broadcasts along that axis), or ``None``.
+        (C, width) and ``b`` of neural-tangents' shape: as many axes as the input, all 1 except ``channel_axis``
+        which is ``width`` (``(1, width)`` for a batch of vectors); ``b`` is ``None`` without a bias. With the
+        same key the draws are neural-tangents' (``W`` from the first and ``b`` from the second key of
+        ``jax.random.split(key)``); bit for bit under ``jax_threefry_partitionable=False``, the random bits of
+        the JAX neural-tangents 0.6.5 ran on.
 
     Raises:
         ValueError: if ``out_dim`` is not a positive integer, a concrete ``W_std`` is not positive and finite,
             a concrete ``b_std`` is negative or not finite, ``parameterization`` is unknown, ``s`` is not a
             pair of positive integers, ``batch_axis`` equals ``channel_axis`` or either is out of range
-            for the input.
+            for the input; from ``apply_fn``, if ``W`` or ``b`` does not fit the input.
         TypeError: if ``W_std`` or ``b_std`` is not a number.
     """
     layer = f"Dense({out_dim})"
@@ -134,26 +163,36 @@ def Dense(
         _, c = axes(len(shape))
         return shape[:c] + (width,) + shape[c + 1:]
 
+    def bias_shape(ndim):
+        # neural-tangents' shape: 1 on every axis but the channel axis, so that it broadcasts at equal rank.
+        shape = [1] * ndim
+        shape[axes(ndim)[1]] = width
+        return tuple(shape)
+
     def init_fn(key, input_shape):
+        # neural-tangents' draws: W from the first and b from the second key of split(key), both N(0, 1) at
+        # their final shapes; 'standard' then rescales them (W by W_std / sqrt(C / s_in), b by b_std).
         input_shape = tuple(input_shape)
         out_shape = shape_fn(input_shape)
-        c = axes(len(input_shape))[1]
-        fan_in = input_shape[c]
+        fan_in = input_shape[axes(len(input_shape))[1]]
         kw, kb = jax.random.split(key)
         W = jax.random.normal(kw, (fan_in, width))
-        b = None if b_std is None else jax.random.normal(kb, (width,) + (1,) * (len(input_shape) - 1 - c))
+        b = None if b_std is None else jax.random.normal(kb, bias_shape(len(input_shape)))
         if standard:
-            W = W * (W_std / math.sqrt(fan_in / s_in))
+            W = W * (W_std / (fan_in / s_in) ** 0.5)
             b = None if b is None else b * b_std
         return out_shape, (W, b)
 
     def apply_fn(params, x, **kwargs):
-        W, b = params
+        W, b = _unpack_params(params, layer)
         c = axes(x.ndim)[1]
+        if jnp.ndim(W) != 2:
+            raise ValueError(f"{layer}: W has shape {jnp.shape(W)}, expected (input features, {width})")
         if x.shape[c] != W.shape[0]:
             raise ValueError(
                 f"{layer}: input has {x.shape[c]} features but W expects {W.shape[0]} (input shape {x.shape})"
             )
+        b = _bias(b, bias_shape(x.ndim), layer)
         if c == x.ndim - 1:
             out = x @ W.astype(x.dtype)
         else:
