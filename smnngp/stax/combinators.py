@@ -49,8 +49,9 @@ def serial(*layers) -> Layer:
         *layers: one or more `Layer` objects built by this module; the output of each feeds the next.
 
     Returns:
-        `Layer` ``(init_fn, apply_fn, kernel_fn)`` of the composition; its parameters are the tuple of the
-        layers' parameters.
+        `Layer` ``(init_fn, apply_fn, kernel_fn)`` of the composition; its parameters are the list of the
+        layers' parameters (``apply_fn`` takes any sequence), layer i's drawn with the second key of the i-th
+        ``key, layer_key = jax.random.split(key)``: neural-tangents' structure and keys.
 
     Raises:
         ValueError: if no layer is given.
@@ -67,13 +68,15 @@ def serial(*layers) -> Layer:
         return shape
 
     def init_fn(key, input_shape):
-        keys = jax.random.split(key, len(layers))
+        # neural-tangents' keys (those of jax.example_libraries.stax.serial): before each layer,
+        # key, layer_key = split(key), so that prefixes of a network draw the same parameters.
         params = []
         shape = input_shape
-        for l, k in zip(layers, keys):
-            shape, p = l[0](k, shape)
+        for l in layers:
+            key, layer_key = jax.random.split(key)
+            shape, p = l[0](layer_key, shape)
             params.append(p)
-        return shape, tuple(params)
+        return shape, params
 
     def apply_fn(params, x, **kwargs):
         if len(params) != len(layers):
@@ -101,8 +104,9 @@ def serial(*layers) -> Layer:
 def repeat(layer: Layer, n: int) -> Layer:
     """Apply ``layer`` ``n`` times in a compiled loop: the network of ``serial(*[layer] * n)``.
 
-    The ``n`` copies have independent parameters, stacked along a leading axis of length ``n`` (one
-    ``init_fn`` draw per copy); ``apply_fn`` and ``kernel_fn`` run as one `lax.scan` over the copies, so
+    The ``n`` copies have independent parameters, stacked along a leading axis of length ``n`` (copy i drawn
+    by ``layer``'s ``init_fn`` with the second key of the i-th ``key, layer_key = jax.random.split(key)``, as
+    neural-tangents draws them); ``apply_fn`` and ``kernel_fn`` run as one `lax.scan` over the copies, so
     compilation time does not grow with ``n``. The kernel is K_n = T^n(K_0), T the kernel map of ``layer``.
     The layer must keep the shape of its activations. ``apply_fn(params, x, rng=key)`` gives copy i the i-th
     key of ``jax.random.split(key, n)``. When one application of ``layer`` changes what a `Kernel` holds
@@ -140,7 +144,13 @@ def repeat(layer: Layer, n: int) -> Layer:
 
     def init_fn(key, input_shape):
         input_shape = shape_fn(tuple(input_shape) if not _is_shape_list(input_shape) else input_shape)
-        params = jax.vmap(lambda k: inner_init(k, input_shape)[1])(jax.random.split(key, n))
+
+        # neural-tangents' keys: copy i draws with the second key of the i-th key, layer_key = split(key).
+        def draw(carry, _):
+            carry, layer_key = jax.random.split(carry)
+            return carry, inner_init(layer_key, input_shape)[1]
+
+        _, params = jax.lax.scan(draw, key, None, length=n)
         return input_shape, params
 
     def apply_fn(params, x, **kwargs):
