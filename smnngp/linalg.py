@@ -15,6 +15,7 @@ never inspects values.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import NamedTuple
 
 import jax
@@ -407,7 +408,11 @@ def solve_triangular(L, B, *, trans: bool = False):
     """``L^{-1} B`` (or ``L^{-T} B`` with ``trans``) for lower-triangular ``L``.
 
     Computed as the solve with the upper-triangular ``L^T``: the same numbers, read in the column-major layout the
-    LAPACK / cuBLAS routines want, so that XLA does not copy (transpose) an N x N factor for every solve.
+    LAPACK / cuBLAS routines want, so that XLA does not copy (transpose) an N x N factor for every solve. Where this
+    XLA does copy it (jaxlib 0.12 on a CPU: it wraps the transpose in a fusion before the pass that turned it into a
+    bitcast; XLA's plan of one solve went from 0 to 1.0 N^2 of temporaries, and the dense path's run-time peak up by
+    a matrix), the solve is by blocks instead (:func:`_blocked_solve`), from the size at which
+    :func:`blocked_cholesky` factorises by blocks (N >= 8,192 on a CPU; below it the copy is small).
 
     Args:
         L: lower-triangular matrix of shape (N, N), typically a Cholesky factor.
@@ -420,9 +425,64 @@ def solve_triangular(L, B, *, trans: bool = False):
     vec = jnp.ndim(B) == 1
     B2 = B[:, None] if vec else B
     dtype = jnp.result_type(L.dtype, B2.dtype)
-    out = lax.linalg.triangular_solve(L.T.astype(dtype), B2.astype(dtype), left_side=True, lower=False,
-                                      transpose_a=not trans)
+    n = L.shape[0]
+    block = cholesky_block_size(n)
+    if block < n and not _transpose_is_free(jax.local_devices()[0].platform):
+        out = _blocked_solve(L.astype(dtype), B2.astype(dtype), trans, block)
+    else:
+        out = lax.linalg.triangular_solve(L.T.astype(dtype), B2.astype(dtype), left_side=True, lower=False,
+                                          transpose_a=not trans)
     return out[:, 0] if vec else out
+
+
+@functools.cache
+def _transpose_is_free(platform: str) -> bool:
+    """Whether this XLA hands ``L.T`` to the triangular solve as a view of ``L`` (a bitcast) rather than a copy.
+
+    Asked of the compiler itself (the plan of a 64 x 64 solve, compiled once per platform) rather than of its
+    version, so that the library goes back to the one LAPACK call when XLA does.
+    """
+    n = 64
+    a = jax.ShapeDtypeStruct((n, n), jnp.float32)
+    b = jax.ShapeDtypeStruct((n, 1), jnp.float32)
+    solve = jax.jit(lambda a, b: lax.linalg.triangular_solve(a.T, b, left_side=True, lower=False, transpose_a=True))
+    plan = solve.lower(a, b).compile().memory_analysis()
+    return plan is None or plan.temp_size_in_bytes < n * n * 4
+
+
+def _blocked_solve(L, B, trans: bool, s: int):
+    """``L^{-1} B`` (``L^{-T} B`` with ``trans``) by block substitution on row blocks of ``s``, reading ``L`` only
+    through ``s``-wide tiles, so that no N x N copy of it is made.
+
+    Forward (``L X = B``): ``X_i = L_ii^{-1} (B_i - sum_{j<i} L_ij X_j)``, blocks from the top, the last one
+    shorter when ``s`` does not divide N. Backward (``L^T X = B``): ``X_i = L_ii^{-T} (B_i - sum_{j>i} L_ji^T X_j)``,
+    blocks from the bottom, the first one shorter. Each block's sum is a ``lax.fori_loop`` over its ``s x s`` tiles
+    (a scan: differentiable, and the tiles' products are made one at a time); the diagonal blocks are solved by
+    LAPACK (their transposed copies are ``s x s``). Every product runs at full precision.
+    """
+    n, k = B.shape
+    hi = lax.Precision.HIGHEST
+    if not trans:
+        blocks = [(r0, min(r0 + s, n)) for r0 in range(0, n, s)]
+    else:  # from the bottom: the block at the top is the short one
+        blocks = [(max(0, r1 - s), r1) for r1 in range(n, 0, -s)]
+    X = B
+    for r0, r1 in blocks:
+        h = r1 - r0
+        rhs = X[r0:r1]
+        if not trans and r0 > 0:  # the tiles L[r0:r1, j s:(j+1) s] for j < r0 / s
+            def fwd(j, acc, X=X, r0=r0, h=h):
+                return acc + jnp.matmul(lax.dynamic_slice(L, (r0, j * s), (h, s)),
+                                        lax.dynamic_slice_in_dim(X, j * s, s), precision=hi)
+            rhs = rhs - lax.fori_loop(0, r0 // s, fwd, jnp.zeros((h, k), X.dtype))
+        if trans and r1 < n:  # the tiles L[r1 + j s:r1 + (j+1) s, r0:r1] for j < (n - r1) / s
+            def bwd(j, acc, X=X, r0=r0, r1=r1, h=h):
+                tile = lax.dynamic_slice(L, (r1 + j * s, r0), (s, h))
+                return acc + jnp.matmul(tile.T, lax.dynamic_slice_in_dim(X, r1 + j * s, s), precision=hi)
+            rhs = rhs - lax.fori_loop(0, (n - r1) // s, bwd, jnp.zeros((h, k), X.dtype))
+        Xi = lax.linalg.triangular_solve(L[r0:r1, r0:r1].T, rhs, left_side=True, lower=False, transpose_a=not trans)
+        X = X.at[r0:r1].set(Xi)
+    return X
 
 
 def cho_solve(L, B):

@@ -55,6 +55,48 @@ def test_solves_through_the_transposed_factor():
                                rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("n,block", [(257, 50), (320, 64)])
+def test_blocked_solves_match_numpy_and_differentiate(monkeypatch, n, block):
+    """The block-substitution solve (taken on a CPU from N = 8,192 where XLA would copy the transposed factor;
+    forced here with small blocks): forward and transposed, vector and matrix right-hand sides, `cho_solve`, and
+    its gradient (the tile loops are scans) against LAPACK's."""
+    monkeypatch.setattr(linalg, "cholesky_block_size", lambda n, platform=None: block)
+    monkeypatch.setattr(linalg, "_transpose_is_free", lambda platform: False)
+    A = _spd(n)
+    L = np.linalg.cholesky(A)
+    rng = np.random.default_rng(9)
+    for B in (rng.normal(size=n), rng.normal(size=(n, 3))):
+        for trans in (False, True):
+            X = jax.jit(lambda L, B, trans=trans: linalg.solve_triangular(L, B, trans=trans))(L, B)
+            np.testing.assert_allclose(X, np.linalg.solve(L.T if trans else L, B), rtol=1e-11, atol=1e-12)
+        np.testing.assert_allclose(jax.jit(linalg.cho_solve)(L, B), np.linalg.solve(A, B), rtol=1e-9, atol=1e-10)
+    B = rng.normal(size=(n, 2))
+
+    def loss(L, B, solve):
+        return jnp.sum(jnp.sin(solve(L, B)))
+
+    g = jax.grad(loss, argnums=(0, 1))(jnp.asarray(L), jnp.asarray(B), linalg.cho_solve)
+    ref = jax.grad(loss, argnums=(0, 1))(jnp.asarray(L), jnp.asarray(B), lambda L, B: jax.scipy.linalg.cho_solve(
+        (L, True), B))
+    for a, b in zip(g, ref):
+        np.testing.assert_allclose(np.tril(a), np.tril(b), rtol=1e-8, atol=1e-9)
+
+
+def test_memory_plan_of_a_solve_with_the_factor_on_a_cpu():
+    """A solve with an N x N factor takes no copy of it (N = 8,192, one right-hand side, both directions): jaxlib
+    0.12's plan of the one LAPACK call had 1.0 N^2 of temporaries (the transposed factor), so there the solve is
+    by blocks (0.07); jaxlib 0.10's LAPACK call reads the factor in place (0)."""
+    if jax.local_devices()[0].platform != "cpu":
+        pytest.skip("the CPU plan is what is asserted")
+    n = 8192
+    L = jax.ShapeDtypeStruct((n, n), jnp.float64)
+    b = jax.ShapeDtypeStruct((n,), jnp.float64)
+    for trans in (False, True):
+        plan = jax.jit(lambda L, b, trans=trans: linalg.solve_triangular(L, b, trans=trans)).lower(L, b).compile()
+        used = plan.memory_analysis().temp_size_in_bytes / (n * n * 8)
+        assert used < 0.1, (trans, used)
+
+
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Force many kernel tiles (N = 203 is not a multiple of 32) and several Cholesky blocks (of 40)."""
