@@ -29,6 +29,7 @@ local devices with `jax.sharding`, and assembles the result in host memory;
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -53,107 +54,145 @@ __all__ = [
 _VALID_GET = ("nngp", "ntk")
 
 
-@jax.tree_util.register_pytree_node_class
-class Kernel:
-    """Moments of one layer in the infinite-width limit (see module docstring).
+# neural-tangents' Kernel fields, in its order. The arrays are the pytree's leaves; the rest is static
+# metadata (nt's ``pytree_node=False``), part of the tree structure.
+_ARRAY_FIELDS = ("nngp", "ntk", "cov1", "cov2", "mask1", "mask2")
+_META_FIELDS = ("x1_is_x2", "is_gaussian", "is_reversed", "is_input", "diagonal_batch", "diagonal_spatial",
+                "shape1", "shape2", "batch_axis", "channel_axis")
 
-    Static metadata (not traced): ``shape1``/``shape2`` are the shapes the
-    *finite* network's activations would have (batch first, channels last),
-    ``full`` selects the spatial layout and ``is_gaussian`` records whether the
-    pre-activations are Gaussian (an affine layer came last), which an
-    activation's closed form requires.
+
+def _diagonal_batch_reading(cov1, shape1, diagonal_spatial) -> bool:
+    """Whether ``cov1`` holds each point's own covariances (its shape tells): `Kernel`'s default."""
+    return cov1 is None or jnp.ndim(cov1) == 1 + (len(shape1) - 2) * (1 if diagonal_spatial else 2)
+
+
+def _meta(**kw):
+    return dataclasses.field(metadata={"pytree_node": False}, **kw)
+
+
+@dataclasses.dataclass(frozen=True, eq=False, init=False, repr=False)
+class Kernel:
+    """Moments of one layer in the infinite-width limit (see module docstring): neural-tangents' ``Kernel``.
+
+    A frozen dataclass with neural-tangents 0.6.5's sixteen fields, their order and meaning; the six array
+    fields are the pytree's children, the ten others static metadata (``dataclasses.fields(k)[i].metadata
+    ['pytree_node']`` is False for them, as in nt). Every field can be read by name through a ``kernel_fn``'s
+    ``get`` (``get='cov1'``, ``get=('nngp', 'shape1')``) and changed with `replace`.
 
     Args:
         nngp: NNGP covariances between the points of ``x1`` and ``x2``, (N1, N2, ...) in the layout that
-            ``full`` selects.
+            ``diagonal_spatial`` selects.
         ntk: neural tangent kernel in the layout of ``nngp`` (a scalar zero before any layer has acted), or
             ``None`` when it is not computed.
-        cov1: variances E[f(x1)^2] of the points of ``x1``, (N1, ...).
-        cov2: variances of the points of ``x2``, (N2, ...), or ``None`` when ``x2`` is ``x1``.
-        shape1: shape of the finite network's activations on ``x1`` (stored as a tuple).
+        cov1: variances E[f(x1)^2] of the points of ``x1``, (N1, ...) (``diagonal_batch=True``), or their full
+            covariance (N1, N1, ...) for a kernel returned by ``kernel_fn(..., diagonal_batch=False)``.
+        cov2: the same for ``x2``, or ``None`` when ``x2`` is ``x1``.
+        x1_is_x2: whether the kernel is of ``x1`` with itself (default: ``cov2 is None``).
+        is_gaussian: whether the pre-activations are Gaussian (the last layer was affine), which an
+            activation's closed form requires.
+        is_reversed: neural-tangents' flag for reversed spatial axes; smnngp keeps spatial axes in order, so it
+            is False (True raises ValueError).
+        is_input: neural-tangents' flag for the kernel of the inputs before any layer (stored as given).
+        diagonal_batch: whether ``cov1``/``cov2`` hold each point's own covariances only (default: read off
+            the shape of ``cov1``).
+        diagonal_spatial: whether only same-position covariances are held: ``nngp`` (N1, N2, H, W, ...);
+            otherwise all position pairs, (N1, N2, H, H', W, W', ...) with the two positions of each spatial
+            dimension interleaved, and ``cov1`` (N1, H, H', W, W', ...). Layers decide it once per
+            architecture (all pairs are needed only when a later layer mixes positions).
+        shape1: shape of the finite network's activations on ``x1`` (batch first, channels last; a tuple).
         shape2: the same for ``x2``.
-        full: whether the covariances of all pairs of spatial positions are tracked.
-        is_gaussian: whether the pre-activations are Gaussian (the last layer was affine).
+        batch_axis: the batch axis of ``shape1``: 0, kernels are batch first (any other value raises ValueError).
+        channel_axis: the channel axis of ``shape1`` (default: its last axis).
         mask1: boolean mask of the activations on ``x1`` in the canonical layout (batch first, channels last;
             axes of size 1 broadcast), True where an entry is masked (``kernel_fn(..., mask_constant=c)``), or
             ``None`` (default) when nothing is masked.
         mask2: the same for ``x2``; ``None`` with ``cov2=None`` means ``mask1``.
+        full: smnngp's older keyword, ``not diagonal_spatial`` (keyword only; give one of the two).
     """
 
-    __slots__ = ("nngp", "ntk", "cov1", "cov2", "shape1", "shape2", "full", "is_gaussian", "mask1", "mask2")
+    nngp: Any
+    ntk: Any
+    cov1: Any
+    cov2: Any
+    x1_is_x2: bool = _meta()
+    is_gaussian: bool = _meta()
+    is_reversed: bool = _meta()
+    is_input: bool = _meta()
+    diagonal_batch: bool = _meta()
+    diagonal_spatial: bool = _meta()
+    shape1: tuple = _meta()
+    shape2: tuple = _meta()
+    batch_axis: int = _meta()
+    channel_axis: int = _meta()
+    mask1: Any = None
+    mask2: Any = None
 
-    def __init__(self, nngp, ntk, cov1, cov2, shape1, shape2, full, is_gaussian, mask1=None, mask2=None):
-        self.mask1 = mask1
-        self.mask2 = mask2
-        self.nngp = nngp
-        self.ntk = ntk
-        self.cov1 = cov1
-        self.cov2 = cov2
-        self.shape1 = tuple(shape1)
-        self.shape2 = tuple(shape2)
-        self.full = bool(full)
-        self.is_gaussian = bool(is_gaussian)
+    def __init__(self, nngp, ntk, cov1, cov2, x1_is_x2=None, is_gaussian=False, is_reversed=False, is_input=False,
+                 diagonal_batch=None, diagonal_spatial=None, shape1=None, shape2=None, batch_axis=0,
+                 channel_axis=None, mask1=None, mask2=None, *, full=None):
+        if shape1 is None or shape2 is None:
+            raise TypeError("Kernel: shape1 and shape2 are required")
+        if full is not None:
+            if diagonal_spatial is not None and bool(diagonal_spatial) == bool(full):
+                raise ValueError("Kernel: full and diagonal_spatial contradict each other")
+            diagonal_spatial = not full
+        if is_reversed:
+            raise ValueError("Kernel: is_reversed=True cannot be held by smnngp, which keeps spatial axes in order "
+                             "(neural-tangents' reversed layout is an internal optimisation of its own)")
+        if int(batch_axis) != 0:
+            raise ValueError(f"Kernel: batch_axis={batch_axis!r} cannot be held by smnngp, whose kernels are batch "
+                             f"first (batch_axis=0)")
+        shape1, shape2 = tuple(shape1), tuple(shape2)
+        diagonal_spatial = True if diagonal_spatial is None else bool(diagonal_spatial)
+        if diagonal_batch is None:
+            diagonal_batch = _diagonal_batch_reading(cov1, shape1, diagonal_spatial)
+        values = (nngp, ntk, cov1, cov2, cov2 is None if x1_is_x2 is None else bool(x1_is_x2), bool(is_gaussian),
+                  bool(is_reversed), bool(is_input), bool(diagonal_batch), diagonal_spatial, shape1, shape2,
+                  int(batch_axis), len(shape1) - 1 if channel_axis is None else int(channel_axis), mask1, mask2)
+        for name, value in zip(_FIELD_NAMES, values):
+            object.__setattr__(self, name, value)
 
-    # -- pytree protocol -------------------------------------------------
+    # -- pytree protocol (children: the arrays; aux: the static fields) ---------------------------------
     def tree_flatten(self):
-        children = (self.nngp, self.ntk, self.cov1, self.cov2, self.mask1, self.mask2)
-        aux = (self.shape1, self.shape2, self.full, self.is_gaussian)
-        return children, aux
+        return tuple(getattr(self, n) for n in _ARRAY_FIELDS), tuple(getattr(self, n) for n in _META_FIELDS)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        nngp, ntk, cov1, cov2, mask1, mask2 = children
-        return cls(nngp, ntk, cov1, cov2, *aux, mask1=mask1, mask2=mask2)
+        k = object.__new__(cls)  # the fields were validated when the flattened kernel was built
+        for name, value in zip(_ARRAY_FIELDS, children):
+            object.__setattr__(k, name, value)
+        for name, value in zip(_META_FIELDS, aux):
+            object.__setattr__(k, name, value)
+        return k
 
     # -- conveniences ----------------------------------------------------
     def replace(self, **changes) -> Kernel:
-        """A copy with ``changes``; neural-tangents' names are accepted too (``diagonal_spatial`` for ``not full``;
-        ``diagonal_batch``, ``x1_is_x2``, ``is_reversed``, ``is_input``, ``batch_axis``, ``channel_axis`` only at
-        their current values)."""
-        changes = _from_nt_fields(self, changes)
-        fields = {name: getattr(self, name) for name in self.__slots__}
-        unknown = set(changes) - set(fields)
+        """A copy with ``changes`` (any field by name; ``full=`` is read as ``diagonal_spatial=not full``)."""
+        if "full" in changes:
+            full = changes.pop("full")
+            if "diagonal_spatial" in changes and bool(changes["diagonal_spatial"]) == bool(full):
+                raise ValueError("Kernel.replace: full and diagonal_spatial contradict each other")
+            changes["diagonal_spatial"] = not full
+        unknown = set(changes) - set(_FIELD_NAMES)
         if unknown:
-            raise TypeError(f"Kernel.replace: unknown fields {sorted(unknown)}")
+            raise TypeError(f"Kernel.replace: unknown fields {sorted(unknown)}; a Kernel's fields are "
+                            f"{', '.join(_FIELD_NAMES)}")
+        fields = {name: getattr(self, name) for name in _FIELD_NAMES}
+        # Fields that default to a reading of others follow them when those change, unless given (or set
+        # away from their default reading before).
+        if "channel_axis" not in changes and "shape1" in changes and self.channel_axis == len(self.shape1) - 1:
+            fields["channel_axis"] = None
+        if "diagonal_batch" not in changes and self.diagonal_batch == _diagonal_batch_reading(
+                self.cov1, self.shape1, self.diagonal_spatial) and any(
+                n in changes for n in ("cov1", "shape1", "diagonal_spatial")):
+            fields["diagonal_batch"] = None
         fields.update(changes)
         return Kernel(**fields)
 
-    # -- neural-tangents' field names (layers written against nt's Kernel, smnngp.stax.layer) --------
     @property
-    def diagonal_spatial(self) -> bool:
-        """neural-tangents' name: only same-position covariances are held (``not full``)."""
-        return not self.full
-
-    @property
-    def diagonal_batch(self) -> bool:
-        """neural-tangents' name: ``cov1`` holds each point's own covariances (False only for a kernel returned
-        by ``kernel_fn(..., diagonal_batch=False)``)."""
-        return self.cov1 is None or self.cov1.ndim == 1 + self.spatial_ndim * (2 if self.full else 1)
-
-    @property
-    def x1_is_x2(self) -> bool:
-        """neural-tangents' name: the kernel is of ``x1`` with itself (``cov2`` is None)."""
-        return self.cov2 is None
-
-    @property
-    def is_reversed(self) -> bool:
-        """neural-tangents' name; always False: smnngp keeps spatial axes in order."""
-        return False
-
-    @property
-    def is_input(self) -> bool:
-        """neural-tangents' name; always False: layers see kernels only after the input kernel is built."""
-        return False
-
-    @property
-    def batch_axis(self) -> int:
-        """neural-tangents' name; 0: kernels are held batch first."""
-        return 0
-
-    @property
-    def channel_axis(self) -> int:
-        """neural-tangents' name; the last axis: kernels are held channels last."""
-        return len(self.shape1) - 1
+    def full(self) -> bool:
+        """smnngp's name: the covariances of all pairs of spatial positions are held (``not diagonal_spatial``)."""
+        return not self.diagonal_spatial
 
     def mask(self, mask1, mask2) -> Kernel:
         """neural-tangents' remasking: the masks set and every covariance of a masked position zeroed."""
@@ -177,42 +216,16 @@ class Kernel:
         return (
             f"Kernel(nngp={desc(self.nngp)}, ntk={desc(self.ntk)}, cov1={desc(self.cov1)}, "
             f"cov2={desc(self.cov2)}, shape1={self.shape1}, shape2={self.shape2}, "
-            f"full={self.full}, is_gaussian={self.is_gaussian}"
+            f"diagonal_spatial={self.diagonal_spatial}, is_gaussian={self.is_gaussian}"
             + ("" if self.mask1 is None and self.mask2 is None else f", mask1={desc(self.mask1)}, "
                f"mask2={desc(self.mask2)}")
             + ")"
         )
 
 
-_FIXED_NT_FIELDS = ("diagonal_batch", "x1_is_x2", "is_reversed", "is_input", "batch_axis", "channel_axis")
-
-
-def _from_nt_fields(k: Kernel, changes: dict) -> dict:
-    """``Kernel.replace`` keywords with neural-tangents' names translated (``diagonal_spatial`` -> ``full``);
-    the fields smnngp keeps fixed may only be "changed" to their current value (``channel_axis``: any axis but
-    the batch axis, as a layer that drops axes names its output's last axis; kernels stay channels last, and a
-    user layer's finite layout is the one it declares with ``smnngp.stax.requires``)."""
-    if not any(name == "diagonal_spatial" or name in _FIXED_NT_FIELDS for name in changes):
-        return changes
-    changes = dict(changes)
-    if "diagonal_spatial" in changes:
-        if "full" in changes and bool(changes["full"]) == bool(changes["diagonal_spatial"]):
-            raise ValueError("Kernel.replace: full and diagonal_spatial contradict each other")
-        changes["full"] = not bool(changes.pop("diagonal_spatial"))
-    for name in _FIXED_NT_FIELDS:
-        if name in changes:
-            value = changes.pop(name)
-            current = getattr(k, name)
-            if name == "batch_axis":
-                ok = int(value) == 0
-            elif name == "channel_axis":  # a layer that drops axes names the last axis of its output: any of ours
-                ok = int(value) == -1 or int(value) > 0
-            else:
-                ok = bool(value) == current
-            if not ok:
-                raise ValueError(f"Kernel.replace: {name}={value!r} cannot be set in smnngp (it is {current!r}: "
-                                 f"kernels are held batch first, channels last, in order, with batch diagonals)")
-    return changes
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Kernel))
+KERNEL_FIELDS = _FIELD_NAMES  # what a kernel_fn's ``get`` may name
+jax.tree_util.register_pytree_node(Kernel, Kernel.tree_flatten, Kernel.tree_unflatten)
 
 
 class KernelTuple(NamedTuple):
@@ -222,8 +235,12 @@ class KernelTuple(NamedTuple):
     ntk: Any
 
 
-def canonical_get(get) -> tuple[tuple[str, ...] | None, bool]:
-    """Validate ``get``; return (names or None for all, whether a single array is wanted)."""
+def canonical_get(get, valid: Sequence[str] = _VALID_GET) -> tuple[tuple[str, ...] | None, bool]:
+    """Validate ``get``; return (names or None for all, whether a single array is wanted).
+
+    Names are case-insensitive (``'NTK'`` is ``'ntk'``, as in neural-tangents) and must be unique; ``valid``
+    lists the names the caller can return (a ``kernel_fn`` of `smnngp.stax` returns any `Kernel` field).
+    """
     if get is None:
         return None, False
     if isinstance(get, str):
@@ -235,8 +252,11 @@ def canonical_get(get) -> tuple[tuple[str, ...] | None, bool]:
     else:
         raise TypeError(f"get must be None, a string or a tuple of strings, got {type(get).__name__}")
     for name in names:
-        if not isinstance(name, str) or name not in _VALID_GET:
-            raise ValueError(f"get: unknown kernel {name!r}; valid keys are {_VALID_GET}")
+        if not isinstance(name, str) or name.lower() not in valid:
+            raise ValueError(f"get: unknown kernel {name!r}; valid keys are {tuple(valid)}")
+    names = tuple(name.lower() for name in names)
+    if len(set(names)) < len(names):
+        raise ValueError(f"get: every name must appear once, got {get!r}")
     return names, single
 
 
@@ -255,8 +275,8 @@ def pack(names: tuple[str, ...], single: bool, values) -> Any:
 
 
 def select(k: Kernel, get) -> Any:
-    """Return what ``get`` asks for from a finished kernel."""
-    names, single = canonical_get(get)
+    """Return what ``get`` asks for from a finished kernel (any of its fields by name)."""
+    names, single = canonical_get(get, _FIELD_NAMES)
     if names is None:
         return k
     return pack(names, single, (getattr(k, n) for n in names))

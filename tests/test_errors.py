@@ -78,10 +78,20 @@ def test_input_rank_and_dtype():
         MLP[2](np.ones((3, 2)), np.ones((4, 3)), "nngp")
 
 
-@pytest.mark.parametrize("get", ["nngp ", "cov1", ("nngp", "ntkk"), ()])
+@pytest.mark.parametrize("get", ["nngp ", "cov3", ("nngp", "ntkk"), (), ("nngp", "NNGP")])
 def test_unknown_get(get):
     with pytest.raises(ValueError, match="get"):
         MLP[2](np.ones((3, 2)), None, get)
+
+
+def test_get_reads_any_kernel_field_by_name_as_neural_tangents():
+    x1, x2 = np.ones((3, 2)), np.linspace(0.1, 1.0, 8).reshape(4, 2)
+    k = MLP[2](x1, x2)
+    cov1, shape2, ntk = MLP[2](x1, x2, ("cov1", "shape2", "NTK"))
+    np.testing.assert_array_equal(cov1, k.cov1)
+    assert shape2 == k.shape2 == (4, 1)
+    np.testing.assert_array_equal(ntk, k.ntk)
+    np.testing.assert_array_equal(MLP[2](x1, x2, "cov2"), k.cov2)
 
 
 def test_mismatched_branch_shapes_name_fan_in():

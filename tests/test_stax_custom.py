@@ -146,6 +146,10 @@ def test_nt_field_names_on_the_kernel():
         k.replace(batch_axis=1)
     with pytest.raises(ValueError, match="contradict"):
         k.replace(full=True, diagonal_spatial=True)
+    # nt's metadata fields are stored as given (nt's tests reset x1_is_x2 and is_gaussian this way)
+    assert not k.replace(x1_is_x2=False).x1_is_x2 and k.replace(is_gaussian=True).is_gaussian
+    with pytest.raises(TypeError, match="unknown fields"):
+        k.replace(nngpp=k.nngp)
     kb = stax.Dense(2)[2](_x(3, 7)[:, 0, :], None, diagonal_batch=False)
     assert not kb.diagonal_batch
 

@@ -101,7 +101,7 @@ def test_ntk_factor_is_derivative_of_nngp_map(name):
     c = corr * jnp.sqrt(v1[:, None] * v2[None])
 
     def kmap(c):
-        k = Kernel(c, jnp.ones_like(c), v1, v2, (4, 3), (3, 3), False, is_gaussian=True)
+        k = Kernel(c, jnp.ones_like(c), v1, v2, shape1=(4, 3), shape2=(3, 3), full=False, is_gaussian=True)
         return layer.kernel_map(k)
 
     with warnings.catch_warnings():

@@ -501,7 +501,8 @@ def FanInConcat(axis: int = -1) -> Layer:
                 return None if any(m is None for m in mats) else jnp.concatenate(mats, axis=ax)
 
         return Kernel(cross([k.nngp for k in ks]), cross(ntks()), own([k.cov1 for k in ks]),
-                      own([k.cov2 for k in ks]), out1, out2, full, is_gaussian=True)
+                      own([k.cov2 for k in ks]), x1_is_x2=ks[0].x1_is_x2, shape1=out1, shape2=out2, full=full,
+                      is_gaussian=True)
 
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full,
                  masking=masking.MaskRule(lambda ms, shapes: _concat_masks(ms, shapes, axis)))
