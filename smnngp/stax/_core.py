@@ -7,6 +7,7 @@ kernels, scale checks, and the spatial window sums used by convolutions and pool
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import math
 
@@ -16,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from smnngp._checks import check_finite
-from smnngp.kernels import Kernel, canonical_get, select
+from smnngp.kernels import KERNEL_FIELDS, Kernel, canonical_get, select
 from smnngp.stax import masking as _masking
 
 _PADDINGS = ("SAME", "VALID", "CIRCULAR")
@@ -74,6 +75,11 @@ class Layer(tuple):
         kernel_map = _masked_kernel_map(name, kernel_map, masking, layout)
         apply_fn = _masked_apply(name, apply_fn, masking, layout)
         public_kernel_fn = _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, layout)
+        # As in neural-tangents, the three functions carry the layer's name ('Conv' for Conv(8, (3, 3))): programs
+        # (nt's own tests among them) tell layers apart by ``init_fn.__name__``.
+        init_fn = _named(init_fn, _bare_name(name))
+        for fn in (apply_fn, public_kernel_fn):
+            fn.__name__ = _bare_name(name)
         self = super().__new__(cls, (init_fn, apply_fn, public_kernel_fn))
         self.masking = masking
         self.name = name
@@ -86,6 +92,26 @@ class Layer(tuple):
 
     def __repr__(self) -> str:
         return f"<smnngp.stax layer {self.name}>"
+
+
+def _bare_name(name: str) -> str:
+    """'Conv' of a layer named 'Conv(8, (3, 3))'."""
+    return name.split("(", 1)[0]
+
+
+def _named(fn, name: str):
+    """``fn`` with ``__name__ = name``: renamed in place when it is a closure of its own layer, wrapped when it is
+    a module-level function that other layers share."""
+    if "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+        fn.__name__ = name
+        return fn
+
+    def named(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    named.__name__ = named.__qualname__ = name
+    named.__doc__ = fn.__doc__
+    return named
 
 
 def _accepts_kwargs(fn) -> bool:
@@ -297,7 +323,7 @@ def _input_kernel(x1, x2, full: bool, want_ntk: bool) -> Kernel:
         cov1 = jnp.einsum(sub_self, x1, x1, precision=prec) * scale
     cov2 = None if x2_is_x1 else jnp.einsum(sub_self, x2, x2, precision=prec) * scale
     ntk = jnp.zeros((), x1.dtype) if want_ntk else None
-    return Kernel(nngp, ntk, cov1, cov2, x1.shape, xb.shape, full, is_gaussian=False)
+    return Kernel(nngp, ntk, cov1, cov2, shape1=x1.shape, shape2=xb.shape, full=full, is_gaussian=False)
 
 
 # With x2=None, a network whose output has no spatial axes (dense inputs, or spatial ones reduced by Flatten or
@@ -360,7 +386,8 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
     def tile_pair(args):
         r, c = args
         nngp = _input_kernel(xt[r], xt[c], full, False).nngp
-        return kernel_map(Kernel(nngp, ntk, var[r], var[c], shape, shape, full, is_gaussian=False))
+        return kernel_map(Kernel(nngp, ntk, var[r], var[c], shape1=shape, shape2=shape, full=full,
+                                 is_gaussian=False))
 
     out = jax.lax.map(tile_pair, (jnp.asarray(rows), jnp.asarray(cols)))
     # Tile (r, c) of the result is pair (r, c) for r <= c and pair (c, r) swapped below the
@@ -383,6 +410,7 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
             ntk=None if k.ntk is None else mirror(k.ntk, k.full),
             cov1=cov1.reshape((tiles * n,) + cov1.shape[2:])[:n_points],
             cov2=None,
+            x1_is_x2=True,
             shape1=(n_points,) + k.shape1[1:],
             shape2=(n_points,) + k.shape2[1:],
         )
@@ -406,7 +434,7 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         """
         if unused:
             raise TypeError(f"kernel_fn of {name}: unexpected keyword arguments {sorted(unused)}")
-        names, _ = canonical_get(get)
+        names, _ = canonical_get(get, KERNEL_FIELDS)
         for flag, value in (("diagonal_batch", diagonal_batch), ("diagonal_spatial", diagonal_spatial)):
             if value is not None and not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"kernel_fn of {name}: {flag} must be True, False or None, got {value!r}")
@@ -415,41 +443,51 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         if isinstance(x1, Kernel):
             k = _apply_to_kernel(name, kernel_map, needs_full, x1, x2, layer_kwargs)
             return _finish(k, get, names, diag_spatial, None)
-        mask1 = mask2 = None
-        if mask_constant is not None:
-            x1, mask1 = _masking.split_masked(jnp.asarray(x1), mask_constant)
-            if x2 is not None:
-                x2, mask2 = _masking.split_masked(jnp.asarray(x2), mask_constant)
-        _check_input(x1, "x1")
-        if x2 is not None:
-            _check_input(x2, "x2")
-            if canonical_shape(x1.shape, layout)[1:] != canonical_shape(x2.shape, layout)[1:]:
-                raise ValueError(
-                    f"kernel_fn of {name}: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} must agree "
-                    f"beyond the batch axis"
-                )
-            if x1.dtype != x2.dtype:
-                raise TypeError(f"kernel_fn of {name}: x1 is {x1.dtype} but x2 is {x2.dtype}")
-        x1 = jnp.asarray(x1)
-        x2 = None if x2 is None else jnp.asarray(x2)
-        out_shape = shape_fn(tuple(x1.shape))  # raises with the layer name on incompatible shapes
+        if isinstance(x1, list | tuple) and all(isinstance(k, Kernel) for k in x1):
+            k = _apply_to_kernel(name, kernel_map, needs_full, list(x1), x2, layer_kwargs)
+            return _finish(k, get, names, diag_spatial, None)
+        many = isinstance(x1, list | tuple)  # one input per branch of a leading `parallel` (nested for nested ones)
+        if many:
+            leaves1, tree = jax.tree_util.tree_flatten(x1, is_leaf=_is_input_leaf)
+            if x2 is None or not jax.tree_util.tree_leaves(x2):
+                leaves2 = [None] * len(leaves1)
+            else:
+                leaves2, tree2 = jax.tree_util.tree_flatten(x2, is_leaf=_is_input_leaf)
+                if tree2 != tree:
+                    raise ValueError(f"kernel_fn of {name}: x1 and x2 must be nested lists of the same structure, "
+                                     f"got {tree} and {tree2}")
+            inputs = [_prepare_input(name, a, b, mask_constant, layout) for a, b in zip(leaves1, leaves2)]
+            x1, x2, mask1, mask2 = ([inp[i] for inp in inputs] for i in range(4))
+            x2 = None if all(b is None for b in x2) else x2
+            mask1 = None if all(m is None for m in mask1) else mask1
+            mask2 = None if all(m is None for m in mask2) else mask2
+            out_shape = shape_fn(_as_lists(tree, [tuple(a.shape) for a in x1]))
+        else:
+            x1, x2, mask1, mask2 = _prepare_input(name, x1, x2, mask_constant, layout)
+            out_shape = shape_fn(tuple(x1.shape))  # raises with the layer name on incompatible shapes
         out_shapes = out_shape if isinstance(out_shape, list) else [out_shape]
         out_spatial = any(len(s) > 2 for s in out_shapes)
-        x1 = to_canonical(x1, layout)
-        x2 = None if x2 is None else to_canonical(x2, layout)
-        mask1 = None if mask1 is None else to_canonical(mask1, layout)
-        mask2 = None if mask2 is None else to_canonical(mask2, layout)
-        full = needs_full(out_spatial and not diag_spatial) and x1.ndim > 2
+        canon = functools.partial(_canonical_or_none, layout=layout)
+        x1, x2, mask1, mask2 = (jax.tree_util.tree_map(canon, v, is_leaf=lambda t: t is None)
+                                for v in (x1, x2, mask1, mask2))
+        full = needs_full(out_spatial and not diag_spatial)
         want_ntk = names is None or "ntk" in names
 
         def evaluate(a, b, want_ntk, ma, mb):
-            n_points, entries = a.shape[0], a.shape[0] ** 2 * math.prod(a.shape[1:-1]) ** (2 if full else 1)
+            if many:
+                none = [None] * len(a)
+                ks = [_input_kernel(ai, bi, full and ai.ndim > 2, want_ntk) for ai, bi in zip(a, b or none)]
+                ks = [k if mai is None else k.replace(mask1=mai, mask2=mbi)
+                      for k, mai, mbi in zip(ks, ma or none, mb or none)]
+                return kernel_map(_as_lists(tree, ks), **layer_kwargs)
+            full_here = full and a.ndim > 2
+            n_points, entries = a.shape[0], a.shape[0] ** 2 * math.prod(a.shape[1:-1]) ** (2 if full_here else 1)
             tile = symmetric and b is None and not out_spatial and entries >= _SYMMETRIC_MIN_ENTRIES
             if tile and not layer_kwargs and ma is None:
                 tiles = _tile_count(n_points, entries // n_points**2)
                 if tiles > 1:
-                    return _symmetric_kernel_map(kernel_map, a, full, want_ntk, tiles)
-            k0 = _input_kernel(a, b, full, want_ntk)
+                    return _symmetric_kernel_map(kernel_map, a, full_here, want_ntk, tiles)
+            k0 = _input_kernel(a, b, full_here, want_ntk)
             if ma is not None:
                 k0 = k0.replace(mask1=ma, mask2=mb)
             return kernel_map(k0, **layer_kwargs)
@@ -461,10 +499,47 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
                 raise ValueError(f"kernel_fn of {name}: diagonal_batch=False is not available with a pattern")
             batch_covs = (evaluate(x1, None, False, mask1, None),
                           None if x2 is None else evaluate(x2, None, False, mask2, None))
+            if many:
+                raise NotImplementedError(f"kernel_fn of {name}: diagonal_batch=False with a list of inputs")
         return _finish(k, get, names, diag_spatial, batch_covs)
 
-    kernel_fn.__name__ = f"kernel_fn_{name}"
     return kernel_fn
+
+
+def _prepare_input(name, x1, x2, mask_constant, layout):
+    """Checked arrays ``x1``, ``x2`` (or None) and their masks (None without ``mask_constant``)."""
+    mask1 = mask2 = None
+    if mask_constant is not None:
+        x1, mask1 = _masking.split_masked(jnp.asarray(x1), mask_constant)
+        if x2 is not None:
+            x2, mask2 = _masking.split_masked(jnp.asarray(x2), mask_constant)
+    _check_input(x1, "x1")
+    if x2 is not None:
+        _check_input(x2, "x2")
+        if canonical_shape(x1.shape, layout)[1:] != canonical_shape(x2.shape, layout)[1:]:
+            raise ValueError(
+                f"kernel_fn of {name}: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} must agree beyond the batch axis"
+            )
+        if x1.dtype != x2.dtype:
+            raise TypeError(f"kernel_fn of {name}: x1 is {x1.dtype} but x2 is {x2.dtype}")
+    return jnp.asarray(x1), None if x2 is None else jnp.asarray(x2), mask1, mask2
+
+
+def _is_input_leaf(t) -> bool:
+    return not isinstance(t, list | tuple)
+
+
+def _as_lists(tree, leaves):
+    """``leaves`` put back into ``tree``'s nesting as lists (what `parallel` takes)."""
+
+    def to_list(t):  # the positions stand in for the leaves, which may be tuples themselves (shapes)
+        return [to_list(u) for u in t] if isinstance(t, list | tuple) else leaves[t]
+
+    return to_list(jax.tree_util.tree_unflatten(tree, range(len(leaves))))
+
+
+def _canonical_or_none(x, layout):
+    return None if x is None else to_canonical(x, layout)
 
 
 def _finish(k, get, names, diag_spatial: bool, batch_covs):
@@ -488,10 +563,17 @@ def _finish(k, get, names, diag_spatial: bool, batch_covs):
 
 
 def _apply_to_kernel(name, kernel_map, needs_full, k: Kernel, x2, layer_kwargs):
-    """``kernel_fn(k)`` for a `Kernel` ``k`` (one that another ``kernel_fn`` returned): compose the maps."""
+    """``kernel_fn(k)`` for a `Kernel` ``k`` (one that another ``kernel_fn`` returned), or a list of them for a
+    leading `parallel`: compose the maps."""
     if x2 is not None:
         raise ValueError(f"kernel_fn of {name}: with a Kernel as first argument, x2 must be None (the Kernel "
                          f"already holds both inputs)")
+    for ki in k if isinstance(k, list) else [k]:
+        _check_kernel_input(name, needs_full, ki)
+    return kernel_map(k, **layer_kwargs)
+
+
+def _check_kernel_input(name, needs_full, k: Kernel):
     expected = 1 + k.spatial_ndim * (2 if k.full else 1)
     if k.cov1 is not None and k.cov1.ndim != expected:
         raise ValueError(
@@ -504,7 +586,6 @@ def _apply_to_kernel(name, kernel_map, needs_full, k: Kernel, x2, layer_kwargs):
             f"positions, but the input Kernel holds same-position covariances only (full=False); compute it "
             f"from a kernel_fn whose output keeps spatial axes, or with diagonal_spatial=False"
         )
-    return kernel_map(k, **layer_kwargs)
 
 
 def _std_value(value):

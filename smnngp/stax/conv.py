@@ -71,9 +71,9 @@ class _Spec:
         except TypeError:
             raise ValueError(f"{kind}: filter_shape must be a sequence of positive integers, got "
                              f"{filter_shape!r}") from None
-        if not filter_shape or not all(isinstance(f, (int, np.integer)) and not isinstance(f, bool)
-                                       for f in filter_shape):
-            raise ValueError(f"{kind}: filter_shape must be a non-empty sequence of positive integers, got "
+        # An empty filter_shape is a 0-D convolution of (batch, channels) inputs: the affine map of `Dense`.
+        if not all(isinstance(f, (int, np.integer)) and not isinstance(f, bool) for f in filter_shape):
+            raise ValueError(f"{kind}: filter_shape must be a sequence of positive integers, got "
                              f"{filter_shape!r}")
         self.filter_shape = tuple(int(f) for f in filter_shape)
         nd = self.nd = len(self.filter_shape)

@@ -163,6 +163,26 @@ def _atan2(y, x, x_nonnegative: bool = False):
     return jnp.where(jnp.signbit(y), -num, num) / dq
 
 
+@jax.custom_jvp
+def _sqrt_variance(v):
+    """sqrt(v) of a variance (v >= 0) whose derivative is taken as 0 where v = 0.
+
+    The arc-cosine kernels are homogeneous of degree 1 in each input, so at a point of zero variance (a zero
+    input without bias) they have no derivative; sqrt's infinite slope there would make gradients NaN. Taking
+    it as 0 (the kernel's derivative along the radial direction, as neural-tangents does) keeps forward and
+    reverse mode finite and equal.
+    """
+    return jnp.sqrt(v)
+
+
+@_sqrt_variance.defjvp
+def _sqrt_variance_jvp(primals, tangents):
+    (v,), (dv,) = primals, tangents
+    root = jnp.sqrt(v)
+    positive = v > 0
+    return root, jnp.where(positive, dv / (2 * jnp.where(positive, root, 1.0)), 0.0)
+
+
 def _angle(c, v1, v2):
     """``(sin_part, theta, root, c_hat)`` for the arc-cosine kernels, all from the correlation c / sqrt(v1 v2).
 
@@ -181,7 +201,7 @@ def _angle(c, v1, v2):
     exactly, while root and c_hat are v to within an ulp. Where a variance is 0 the correlation is taken as 1
     (theta = 0) and root, sin_part and c_hat are 0.
     """
-    root = jnp.sqrt(v1) * jnp.sqrt(v2)
+    root = _sqrt_variance(v1) * _sqrt_variance(v2)
     positive = root > 0
     cos = jnp.where(positive, c / jnp.where(positive, root, 1.0), 1.0)
     tol = 16 * jnp.finfo(c.dtype).eps

@@ -17,7 +17,8 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel
-from smnngp.stax._core import Layer, _single_shape, canonical_shape
+from smnngp.stax import masking
+from smnngp.stax._core import Layer, _from_canonical, _single_shape, canonical_shape, to_canonical
 from smnngp.stax.pooling import _check_axis, _from_canonical_shape, _resolve_axes
 
 __all__ = ["Index", "Slice", "ImageResize", "DotGeneral"]
@@ -414,6 +415,32 @@ def DotGeneral(
 
         return _map_all(k, op, shape1=out_shape(k.shape1), shape2=out_shape(k.shape2))
 
+    def finite_mask_fn(mask, in_shape):
+        """Output mask in the finite layout: an output entry is masked when every input entry it sums is (the
+        masked entries enter as zeros); the constant's free axes do not depend on the mask."""
+        if other is None:
+            return mask
+        # Broadcast over every axis but the channel axis, whose size the mask keeps (1 for whole positions).
+        c = _resolve_axes(layout, len(in_shape), layer, in_shape)[1]
+        target = tuple(mask.shape[c] if i == c and mask.ndim == len(in_shape) else n for i, n in enumerate(in_shape))
+        valid = (~jnp.broadcast_to(mask, target)).astype(jnp.float32)
+        ones = jnp.ones(other.shape, jnp.float32)
+        count = lax.dot_general(*((ones, valid) if is_lhs else (valid, ones)), (dn[:2], dn[2:]))
+        return count == 0
+
+    def mask_fn(mask, in_shape):
+        """The same in the canonical layout (input and output batch first, channels last)."""
+        if other is None:
+            return mask
+        user_shape = _from_canonical_shape(in_shape, layout)
+        _, _, order, _ = plan(len(user_shape), user_shape)
+        b, c = _resolve_axes(layout, len(user_shape), layer, user_shape)
+        user_mask = _from_canonical(jnp.broadcast_to(mask, in_shape[:-1] + mask.shape[-1:]), layout)
+        out = finite_mask_fn(user_mask, user_shape)
+        return to_canonical(out, (order.index(("in", b)), order.index(("in", c))))
+
     # Contracting a spatial axis needs the covariances of all pairs of its positions.
     mixes = other is not None and any(a != batch_axis for a in in_cs)
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full or mixes, layout=layout)
+    rule = masking.MaskRule(mask_fn, finite_fn=finite_mask_fn)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full or mixes, layout=layout,
+                 masking=rule)
