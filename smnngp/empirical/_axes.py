@@ -107,6 +107,12 @@ def same_inputs(x1, x2):
     return jnp.all(jnp.asarray([jnp.array_equal(a, b) for a, b in zip(l1, l2)]))
 
 
+def none_if_empty(x2):
+    """``None`` for ``x2=None`` and for a pytree of ``None`` (``(None, None)`` for a network with two inputs,
+    as neural-tangents accepts), else ``x2``."""
+    return None if x2 is None or not jax.tree_util.tree_leaves(x2) else x2
+
+
 def split_kwargs(kwargs: dict, x1, x2):
     """The keyword arguments of ``f`` on ``x1`` and on ``x2``.
 

@@ -158,6 +158,7 @@ def empirical_nngp_fn(f: Callable, trace_axes=(-1,), diagonal_axes=()) -> Callab
     """
 
     def nngp_fn(x1, x2, params, **apply_fn_kwargs):
+        x2 = _axes.none_if_empty(x2)
         kw1, kw2 = _axes.split_kwargs(apply_fn_kwargs, x1, x2)
         out1 = f(params, x1, **kw1)
         out2 = out1 if x2 is None else f(params, x2, **kw2)
@@ -220,6 +221,7 @@ def _out_leaves_and_axes(setup):
 
 def _jacobian_contraction_ntk_fn(f, trace_axes, diagonal_axes, vmap_axes):
     def ntk_fn(x1, x2, params, **apply_fn_kwargs):
+        x2 = _axes.none_if_empty(x2)
         s = _Setup(f, params, vmap_axes, x1, x2, apply_fn_kwargs)
 
         def jac(x, *args):
@@ -271,6 +273,7 @@ def _ntk_vector_products_ntk_fn(f, trace_axes, diagonal_axes, vmap_axes):
         return jnp.moveaxis(cols, list(range(n2)), list(range(len(shape1), len(shape1) + n2)))
 
     def ntk_fn(x1, x2, params, **apply_fn_kwargs):
+        x2 = _axes.none_if_empty(x2)
         s = _Setup(f, params, vmap_axes, x1, x2, apply_fn_kwargs)
         leaves1, leaves2, axes = _out_leaves_and_axes(s)
         xb = x1 if x2 is None else x2
@@ -329,6 +332,7 @@ def _auto_ntk_fn(f, trace_axes, diagonal_axes, vmap_axes):
         return cache[key]
 
     def ntk_fn(x1, x2, params, **apply_fn_kwargs):
+        x2 = _axes.none_if_empty(x2)
         return candidates[choose(x1, x2, params, **apply_fn_kwargs)](x1, x2, params, **apply_fn_kwargs)
 
     ntk_fn.choose = choose

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from smnngp.empirical import _axes
 from smnngp.empirical._kernels import DEFAULT_NTK_IMPLEMENTATION, _dispatch_get, empirical_kernel_fn
 
 __all__ = ["monte_carlo_kernel_fn"]
@@ -102,7 +103,7 @@ def monte_carlo_kernel_fn(init_fn: Callable, apply_fn: Callable, key, n_samples,
                 shape = jax.tree_util.tree_map(jnp.shape, x1)
                 _, params = init_fn(init_key, shape)
                 out = emp(x1, x2, gets, params, rng=rng, **kw, **dict(static_kw))
-                return tuple(out)
+                return _by_name(out, gets)
 
             def summed(ks, mask, x1, x2, kw):
                 outs = jax.vmap(one, in_axes=(0, None, None, None))(ks, x1, x2, kw)
@@ -159,6 +160,7 @@ def monte_carlo_kernel_fn(init_fn: Callable, apply_fn: Callable, key, n_samples,
             yield _dispatch_get("MonteCarloKernel", get, lambda g: est[g])
 
     def kernel_fn(x1, x2=None, get=None, **apply_fn_kwargs):
+        x2 = _axes.none_if_empty(x2)
         gen = estimates(x1, x2, get, apply_fn_kwargs)
         if generator:
             return gen
@@ -166,6 +168,18 @@ def monte_carlo_kernel_fn(init_fn: Callable, apply_fn: Callable, key, n_samples,
         return last
 
     return kernel_fn
+
+
+def _by_name(out, gets):
+    """One entry per name of ``gets`` from what an empirical kernel_fn returned for ``get=gets``: a named tuple
+    of kernels, or, for a network with several outputs, a list (pytree) of such named tuples."""
+
+    def is_named(t):
+        return isinstance(t, tuple) and getattr(t, "_fields", None) == gets
+
+    if is_named(out):
+        return tuple(out)
+    return tuple(jax.tree_util.tree_map(lambda t, g=g: getattr(t, g), out, is_leaf=is_named) for g in gets)
 
 
 def _is_array_tree(v):

@@ -1,63 +1,202 @@
-"""neural-tangents' ``batch`` with its signature, over `smnngp.kernels.batched_kernel_fn`."""
+"""neural-tangents' ``batch``: a kernel function evaluated tile by tile, with nt 0.6.5's signature and contract.
+
+`smnngp.kernels.batched_kernel_fn` is smnngp's own tiler for large kernels (host-memory results, tiles sharded
+over devices in one program, N in the tens of thousands). ``batch`` here keeps neural-tangents' contract
+instead: any kernel function ``kernel_fn(x1, x2=None, *args, **kwargs)`` (a `smnngp.stax` ``kernel_fn``, an
+empirical or Monte-Carlo one), its arguments passed through unchanged (``get`` only if the caller gives it),
+a `Kernel` (or nested lists of inputs and Kernels, for `parallel` networks) as first argument, results of
+the same type as ``kernel_fn``'s (JAX arrays, named tuples, `Kernel` objects with every field), and usable
+under `jax.jit`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from smnngp.kernels import batched_kernel_fn
+from smnngp.kernels import Kernel
 
 __all__ = ["batch"]
 
 
 def batch(kernel_fn: Callable, batch_size: int = 0, device_count: int = -1, store_on_device: bool = True) -> Callable:
-    """Evaluate ``kernel_fn`` tile by tile and over devices, with neural-tangents 0.6.5's signature.
+    """Evaluate ``kernel_fn`` on tiles of ``batch_size`` points of ``x1`` and of ``x2``, with neural-tangents
+    0.6.5's signature.
 
-    A thin adapter over `smnngp.kernels.batched_kernel_fn`: ``batch_size`` rows
-    of ``x1`` and of ``x2`` per tile (``0``: one tile holding all points),
-    tiles sharded over the first ``device_count`` local devices (``-1``: all of
-    them; ``0``: the default device only). With ``x2=None`` only the tiles on
-    and above the block diagonal are computed. Any further positional and
-    keyword arguments of the returned function go to ``kernel_fn`` (the
-    ``params`` of an empirical kernel function, ``diagonal_spatial=True``).
+    The batched function ``batched(x1_or_kernel, x2=None, *args, **kwargs)`` cuts the inputs (every array
+    of a nested list of inputs, along its first axis) into tiles, calls ``kernel_fn(x1_tile, x2_tile, *args,
+    **kwargs)`` on every pair of tiles, and assembles the results: arrays (and the arrays of named tuples)
+    with the two batch axes first are put together block by block; a `Kernel` gets its ``nngp``/``ntk`` by
+    blocks, ``cov1`` from the tiles of ``x1``, ``cov2`` from those of ``x2``, and its other fields from the
+    kernel of one tile, with the shapes of the whole batch. With ``x2=None`` the tiles on the diagonal are
+    computed as ``kernel_fn(x1_tile, None)`` (what makes them equal to the unbatched kernel where a layer
+    tells "x2 is x1" apart, as `Dropout`). A `Kernel` as first argument (one a ``kernel_fn`` returned) is
+    cut into the same tiles, so batched kernel functions compose.
 
-    Differences from neural-tangents: the result is assembled in host memory as
-    NumPy arrays whatever ``store_on_device`` says (it is accepted for
-    compatibility); ``batch_size`` need not divide the number of points (the
-    last tile is padded); ``get=None`` returns the named tuple ``(nngp, ntk)``
-    rather than a `Kernel` (its ``.nngp`` and ``.ntk`` read the same).
+    Differences from neural-tangents: ``batch_size`` need not divide the number of points (the last tile is
+    smaller); the tiles are spread over ``device_count`` local devices by placing each tile's inputs on its
+    device (JAX runs them at once) rather than by `jax.pmap`; outside `jax.jit`, ``store_on_device=False``
+    moves each result to the CPU as it arrives (JAX arrays either way).
 
     Args:
-        kernel_fn: ``kernel_fn(x1, x2, get, *args, **kwargs)`` of `smnngp.stax` or `smnngp.empirical`.
-        batch_size: rows per tile, a non-negative int (``0`` for no tiling).
-        device_count: number of local devices to use; ``-1`` for all, ``0`` for the default device only.
-        store_on_device: accepted for neural-tangents compatibility; results are always NumPy arrays.
+        kernel_fn: ``kernel_fn(x1, x2, *args, **kwargs)`` returning arrays of shape (N1, N2, ...), named tuples
+            of them, `Kernel` objects, or (nested) lists of those.
+        batch_size: points per tile, a non-negative int (``0``: one tile holding all points).
+        device_count: local devices to spread the tiles over; ``-1`` for all, ``0`` for the default device.
+        store_on_device: keep results on the device that computed them (``False``: on the CPU).
 
     Returns:
-        ``batched(x1, x2=None, get=None, *args, **kwargs)`` with ``kernel_fn``'s results as NumPy arrays.
+        ``batched(x1_or_kernel, x2=None, *args, **kwargs)`` returning what ``kernel_fn`` returns on the whole
+        inputs.
 
     Raises:
+        TypeError: if ``kernel_fn`` is not callable.
         ValueError: if ``batch_size`` is negative or ``device_count`` is below -1 or above the number of local
-            devices.
+            devices; when called, if ``x1`` and ``x2`` differ in structure or a Kernel comes with an ``x2``.
     """
     if not callable(kernel_fn):
         raise TypeError(f"batch: kernel_fn must be callable, got {type(kernel_fn).__name__}")
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 0:
+    if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 0:
         raise ValueError(f"batch: batch_size must be a non-negative integer, got {batch_size!r}")
     local = jax.local_devices()
     if not isinstance(device_count, (int, np.integer)) or device_count < -1 or device_count > len(local):
         raise ValueError(f"batch: device_count must be -1, 0 or at most {len(local)} (local devices), "
                          f"got {device_count!r}")
     devices = local if device_count == -1 else local[: max(device_count, 1)]
-    wrapped = {}
+    cpu = jax.devices("cpu")[0]
 
-    def batched(x1, x2=None, get=None, *args, **kwargs):
-        n = max(np.shape(x1)[0], 0 if x2 is None else np.shape(x2)[0])
-        size = batch_size or max(n, 1)
-        if size not in wrapped:
-            wrapped[size] = batched_kernel_fn(kernel_fn, size, devices=devices)
-        return wrapped[size](x1, x2, get, *args, **kwargs)
+    def batched(x1_or_kernel, x2=None, *args, **kwargs):
+        leaves1, tree1 = jax.tree_util.tree_flatten(x1_or_kernel, is_leaf=_is_kernel)
+        if not leaves1:
+            raise ValueError("batch: x1 holds no arrays")
+        from_kernel = any(isinstance(leaf, Kernel) for leaf in leaves1)
+        if x2 is not None and not jax.tree_util.tree_leaves(x2):
+            x2 = None  # (None, None) for a two-input network means x2 = x1, as in neural-tangents
+        if from_kernel and x2 is not None:
+            raise ValueError("batch: with a Kernel as first argument, x2 must be None (the Kernel holds both inputs)")
+        leaves2 = None
+        if x2 is not None:
+            leaves2, tree2 = jax.tree_util.tree_flatten(x2, is_leaf=_is_kernel)
+            if tree2 != tree1:
+                raise ValueError(f"batch: x1 and x2 must have the same structure, got {tree1} and {tree2}")
+        n1 = _batch_size_of(leaves1[0], 0)
+        n2 = _batch_size_of(leaves1[0], 1) if from_kernel else n1 if leaves2 is None else _batch_size_of(leaves2[0], 0)
+        same = x2 is None and (not from_kernel or all(leaf.x1_is_x2 for leaf in leaves1 if isinstance(leaf, Kernel)))
+        b1 = batch_size or n1
+        b2 = batch_size or n2
+        rows = [(s, min(s + b1, n1)) for s in range(0, n1, b1)]
+        cols = [(s, min(s + b2, n2)) for s in range(0, n2, b2)]
+        traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves((x1_or_kernel, x2)))
+        tiles = []
+        for i, r in enumerate(rows):
+            row = []
+            for j, c in enumerate(cols):
+                own = same and i == j and rows[i] == cols[j]
+                if from_kernel:
+                    a = [_slice_kernel(leaf, r, c, own) if isinstance(leaf, Kernel) else leaf for leaf in leaves1]
+                    b = None
+                else:
+                    a = [leaf[r[0]:r[1]] for leaf in leaves1]
+                    b = None if own else [leaf[c[0]:c[1]] for leaf in (leaves1 if leaves2 is None else leaves2)]
+                if not traced and len(devices) > 1:
+                    device = devices[(i * len(cols) + j) % len(devices)]
+                    a, b = jax.device_put((a, b), device)
+                a = jax.tree_util.tree_unflatten(tree1, a)
+                b = None if b is None else jax.tree_util.tree_unflatten(tree1, b)
+                out = kernel_fn(a, b, *args, **kwargs)
+                if not traced and not store_on_device:
+                    out = jax.device_put(out, cpu)
+                row.append(out)
+            tiles.append(row)
+        return _assemble(tiles, same, n1, n2)
 
     return batched
+
+
+def _is_kernel(x) -> bool:
+    return isinstance(x, Kernel)
+
+
+def _batch_size_of(leaf, axis: int) -> int:
+    if isinstance(leaf, Kernel):
+        return int(leaf.nngp.shape[axis])
+    shape = jnp.shape(leaf)
+    if not shape:
+        raise ValueError("batch: inputs must have a batch axis, got a scalar")
+    return int(shape[0])
+
+
+def _slice_kernel(k: Kernel, r, c, own: bool) -> Kernel:
+    """The kernel of points r[0]:r[1] of x1 against c[0]:c[1] of x2 (of x1 itself when ``own``)."""
+
+    def rows(a, lo, hi):
+        return None if a is None else a[lo:hi] if a.shape[0] > 1 else a  # masks may broadcast over the batch
+
+    def pair(a):
+        return a if a is None or jnp.ndim(a) < 2 else a[r[0]:r[1], c[0]:c[1]]
+
+    cov2_src, mask2_src = (k.cov1, k.mask1) if k.cov2 is None else (k.cov2, k.mask2)
+    return k.replace(
+        nngp=pair(k.nngp), ntk=pair(k.ntk),
+        cov1=rows(k.cov1, *r), cov2=None if own else rows(cov2_src, *c),
+        mask1=rows(k.mask1, *r), mask2=None if own else rows(mask2_src, *c),
+        x1_is_x2=own,
+        shape1=(r[1] - r[0],) + tuple(k.shape1[1:]), shape2=(c[1] - c[0],) + tuple(k.shape2[1:]),
+    )
+
+
+def _blocks(grid):
+    """One array from a grid of tiles (N1 tiles by N2 tiles, batch axes first)."""
+    if len(grid) == 1 and len(grid[0]) == 1:
+        return grid[0][0]
+    return jnp.concatenate([jnp.concatenate(row, axis=1) for row in grid], axis=0)
+
+
+def _assemble(tiles, same: bool, n1: int, n2: int):
+    """The whole result from the grid of per-tile results (same pytree structure in every tile)."""
+    first = tiles[0][0]
+    structure = jax.tree_util.tree_structure(first, is_leaf=_is_kernel)
+    flat = [[jax.tree_util.tree_leaves(t, is_leaf=_is_kernel) for t in row] for row in tiles]
+    out = []
+    for idx, leaf in enumerate(flat[0][0]):
+        grid = [[cell[idx] for cell in row] for row in flat]
+        if isinstance(leaf, Kernel):
+            out.append(_assemble_kernel(grid, same, n1, n2))
+        elif leaf is None or jnp.ndim(leaf) < 2:
+            out.append(leaf)  # a constant (an NTK no layer touched) is the same in every tile
+        else:
+            out.append(_blocks(grid))
+    return jax.tree_util.tree_unflatten(structure, out)
+
+
+def _assemble_kernel(grid, same: bool, n1: int, n2: int) -> Kernel:
+    k0 = grid[0][0]
+    if not k0.diagonal_batch and (len(grid) > 1 or len(grid[0]) > 1):
+        raise NotImplementedError("batch: a Kernel with diagonal_batch=False (cov1 of all pairs of points) cannot be "
+                                  "assembled from tiles; use batch_size=0")
+
+    def pair(name):
+        values = [[getattr(k, name) for k in row] for row in grid]
+        return values[0][0] if values[0][0] is None or jnp.ndim(values[0][0]) < 2 else _blocks(values)
+
+    def along(values):
+        if values[0] is None or len(values) == 1:
+            return values[0]
+        if jnp.shape(values[0])[0] == 1 and all(jnp.shape(v)[0] == 1 for v in values):
+            return values[0]  # a mask that broadcasts over the batch
+        return jnp.concatenate(values, axis=0)
+
+    diag = [grid[i][min(i, len(grid[i]) - 1)] for i in range(len(grid))]
+    cov1 = along([k.cov1 for k in diag])
+    mask1 = along([k.mask1 for k in diag])
+    if same:
+        cov2 = mask2 = None
+    else:
+        cov2 = along([k.cov2 for k in grid[0]])
+        mask2 = along([k.mask2 for k in grid[0]])
+    return k0.replace(nngp=pair("nngp"), ntk=pair("ntk"), cov1=cov1, cov2=cov2, mask1=mask1, mask2=mask2,
+                      x1_is_x2=same and all(k.x1_is_x2 for k in diag),
+                      shape1=(n1,) + tuple(k0.shape1[1:]), shape2=(n2,) + tuple(k0.shape2[1:]))
