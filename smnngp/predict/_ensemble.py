@@ -72,6 +72,8 @@ def _canonical_time(t):
     """``None`` for t = None / scalar inf (the Cholesky path), else a float array of non-negative times."""
     if t is None:
         return None
+    if isinstance(t, jax.core.Tracer):  # under jit: used as given (an infinite time is handled by the eigenbasis)
+        return jnp.asarray(t, jnp.result_type(float))
     arr = np.asarray(t, dtype=float) if not hasattr(t, "dtype") else np.asarray(t).astype(float)
     if arr.size == 0:
         raise ValueError("predict_fn: t is empty")
@@ -82,6 +84,41 @@ def _canonical_time(t):
     if arr.ndim == 0 and np.isinf(arr):
         return None
     return arr
+
+
+def _cholesky(k2, name: str, where: str) -> jax.Array:
+    if isinstance(k2, jax.core.Tracer):  # the predictor was built inside jit / grad: no values to inspect
+        return linalg.cholesky_jittered(k2, 0.0)
+    fac = linalg.cholesky(k2, name=name)
+    if fac.jitter > 0:
+        warnings.warn(f"{where}: the {name} is numerically singular; added jitter {fac.jitter:.3g} (pass diag_reg > 0 "
+                      f"to control the regularisation)", RuntimeWarning, stacklevel=4)
+    return fac.L
+
+
+def _cached(cache: dict, key: str, source, compute):
+    """``compute()``, kept in ``cache`` under ``key``, for a factorisation of the training kernel ``source``.
+
+    A predict_fn may be called under ``jit``: a concrete training kernel is then still factorised eagerly
+    (`jax.ensure_compile_time_eval`), once, so that the cached factor is an array and not a tracer of one trace.
+    A traced training kernel (the predictor built inside ``jit``) is factorised in the trace and not cached.
+    """
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(source)):
+        return compute()
+    if key not in cache:
+        with jax.ensure_compile_time_eval():
+            cache[key] = compute()
+    return cache[key]
+
+
+def _eigen(k2, name: str):
+    if isinstance(k2, jax.core.Tracer):
+        lam, U = jnp.linalg.eigh(k2)
+        lam = jnp.maximum(lam, 0.0)
+    else:
+        lam, U = linalg.eigh_psd(k2, name=name)
+    tol = k2.shape[0] * jnp.finfo(lam.dtype).eps * 10 * jnp.max(lam)
+    return lam, U, lam > tol
 
 
 def _as_matrix(k, name: str, rows: tuple[int, ...], cols: tuple[int, ...]) -> jax.Array:
@@ -253,12 +290,14 @@ def gradient_descent_mse_ensemble(
         return {n: getattr(out, n) for n in names}
 
     def train_kernel(name: str) -> jax.Array:
-        if name not in cache:
-            want = ("nngp",) if name == "nngp" else ("nngp", "ntk")
+        # The NTK comes with the NNGP in one kernel_fn call; the NNGP alone when only it is needed.
+        want = ("nngp",) if name == "nngp" and "k_both" not in cache else ("nngp", "ntk")
+
+        def compute():
             got = kernels(x_train, None, want, train_kw)
-            for n in want:
-                cache[n] = _as_matrix(got[n], f"train-train {n}", train_axes, train_axes)
-        return cache[name]
+            return {n: _as_matrix(got[n], f"train-train {n}", train_axes, train_axes) for n in want}
+
+        return _cached(cache, "k_" + ("nngp" if len(want) == 1 else "both"), x_train, compute)[name]
 
     def regularised(name: str) -> jax.Array:
         k = train_kernel(name)
@@ -266,26 +305,11 @@ def gradient_descent_mse_ensemble(
         return k + (diag_reg * scale) * jnp.eye(n_train, dtype=k.dtype)
 
     def eig(name: str):
-        key = "eig_" + name
-        if key not in cache:
-            lam, U = linalg.eigh_psd(regularised(name), name=f"train {name} kernel")
-            tol = n_train * float(jnp.finfo(lam.dtype).eps) * 10 * float(jnp.max(lam))
-            cache[key] = (lam, U, lam > tol)
-        return cache[key]
+        return _cached(cache, "eig_" + name, x_train, lambda: _eigen(regularised(name), f"train {name} kernel"))
 
     def chol(name: str) -> jax.Array:
-        key = "chol_" + name
-        if key not in cache:
-            fac = linalg.cholesky(regularised(name), name=f"train {name} kernel (+ diag_reg)")
-            if fac.jitter > 0:
-                warnings.warn(
-                    f"{where}: the train {name} kernel is numerically singular; added jitter {fac.jitter:.3g} "
-                    f"(pass diag_reg > 0 to control the regularisation)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            cache[key] = fac.L
-        return cache[key]
+        return _cached(cache, "chol_" + name, x_train,
+                       lambda: _cholesky(regularised(name), f"train {name} kernel (+ diag_reg)", where))
 
     def predict_fn(t=None, x_test=None, get=None, compute_cov: bool = True, **kernel_fn_test_test_kwargs):
         names, single = canonical_get(("nngp", "ntk") if get is None else get)
@@ -370,6 +394,7 @@ def _predict_finite(name, y, test, compute_cov, t_arr, learning_rate, n_norm, k_
 
 def _decay(lam, pos, rate):
     """Eigenvalues of exp(-eta t Theta / n): 1 on the null space, 0 elsewhere at t = inf."""
+    lam, pos = lam[None, :], pos[None, :]  # (1, N) against the times' rate (T, 1)
     inf = jnp.isinf(rate)
     z = jnp.where(pos, lam * jnp.where(inf, 0.0, rate), 0.0)
     return jnp.where(inf, jnp.where(pos, 0.0, 1.0), jnp.exp(-z))
@@ -378,6 +403,7 @@ def _decay(lam, pos, rate):
 def _coef(lam, pos, rate):
     """Eigenvalues of Theta^{-1} (I - exp(-eta t Theta / n)): (1 - e^{-lam r}) / lam, r on the null space, and the
     pseudo-inverse (1 / lam, 0 on the null space) at r = inf."""
+    lam, pos = lam[None, :], pos[None, :]  # (1, N) against the times' rate (T, 1)
     inf = jnp.isinf(rate)
     lam_safe = jnp.where(pos, lam, 1.0)
     z = jnp.where(pos, lam * jnp.where(inf, 0.0, rate), 0.0)
@@ -403,7 +429,7 @@ def _finite_test_core(lam, U, pos, rate, y, k_td_g, k_td, k_tt, k_dd, *, ntk: bo
     if not compute_cov:
         return mean, None
     if not ntk:
-        return mean, _sym(k_tt - jnp.einsum("mi,ti,li->tml", tu, _coef(lam, pos, 2.0 * rate), tu))
+        return mean, _sym(k_tt[None] - jnp.einsum("mi,ti,li->tml", tu, _coef(lam, pos, 2.0 * rate), tu))
     A = jnp.einsum("mi,ti,ji->tmj", tu, c, U)  # A_t(x*)
     cross = A @ k_td.T
-    return mean, _sym(k_tt + A @ k_dd @ jnp.swapaxes(A, -1, -2) - cross - jnp.swapaxes(cross, -1, -2))
+    return mean, _sym(k_tt[None] + A @ k_dd @ jnp.swapaxes(A, -1, -2) - cross - jnp.swapaxes(cross, -1, -2))

@@ -28,7 +28,6 @@ import collections
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +38,7 @@ from jax.experimental import ode
 
 from smnngp import linalg
 from smnngp.predict._axes import OutputLayout, from_2d, to_2d, zipped
-from smnngp.predict._ensemble import Gaussian, _canonical_time, _check_scalar, _float_array
+from smnngp.predict._ensemble import Gaussian, _cached, _canonical_time, _check_scalar, _cholesky, _eigen, _float_array
 
 __all__ = ["ODEState", "gradient_descent", "gradient_descent_mse", "gp_inference"]
 
@@ -76,20 +75,6 @@ def _regularised(k2, diag_reg: float, absolute: bool):
     """``k2 + diag_reg * s * I`` with ``s = 1`` (absolute) or ``s = mean(diag k2)``."""
     scale = 1.0 if absolute else jnp.mean(jnp.diag(k2))
     return k2 + (diag_reg * scale) * jnp.eye(k2.shape[0], dtype=k2.dtype)
-
-
-def _cholesky(k2, name: str, where: str) -> jax.Array:
-    fac = linalg.cholesky(k2, name=name)
-    if fac.jitter > 0:
-        warnings.warn(f"{where}: the {name} is numerically singular; added jitter {fac.jitter:.3g} (pass diag_reg > 0 "
-                      f"to control the regularisation)", RuntimeWarning, stacklevel=4)
-    return fac.L
-
-
-def _eigen(k2, name: str):
-    lam, U = linalg.eigh_psd(k2, name=name)
-    tol = k2.shape[0] * float(jnp.finfo(lam.dtype).eps) * 10 * float(jnp.max(lam))
-    return lam, U, lam > tol
 
 
 def _check_requested(where: str, fx_train_0, fx_test_0, k_test_train):
@@ -171,15 +156,12 @@ def gradient_descent_mse(
     cache: dict[str, Any] = {}
 
     def eigen():
-        if "eig" not in cache:
-            cache["eig"] = _eigen(_regularised(k2, reg, diag_reg_absolute_scale), "k_train_train (+ diag_reg)")
-        return cache["eig"]
+        return _cached(cache, "eig", k2, lambda: _eigen(_regularised(k2, reg, diag_reg_absolute_scale),
+                                                        "k_train_train (+ diag_reg)"))
 
     def chol():
-        if "chol" not in cache:
-            cache["chol"] = _cholesky(_regularised(k2, reg, diag_reg_absolute_scale), "k_train_train (+ diag_reg)",
-                                      where)
-        return cache["chol"]
+        return _cached(cache, "chol", k2, lambda: _cholesky(_regularised(k2, reg, diag_reg_absolute_scale),
+                                                            "k_train_train (+ diag_reg)", where))
 
     def predict_fn(t=None, fx_train_0=0.0, fx_test_0=None, k_test_train=None):
         _check_requested(where, fx_train_0, fx_test_0, k_test_train)
@@ -351,13 +333,19 @@ def gradient_descent(
         _check_requested(where, fx_train_0, fx_test_0, k_test_train)
         if friction is None and (q_train_0 is not None or q_test_0 is not None):
             raise ValueError(f"{where}: the ODEState has momentum variables but momentum is None")
-        times = np.asarray(np.inf if t is None else t, dtype=float)
-        flat_t = times.reshape(-1)
-        if flat_t.size == 0 or np.isnan(flat_t).any() or (flat_t < 0).any() or (np.diff(flat_t) <= 0).any():
-            raise ValueError(f"{where}: t must be non-negative and strictly increasing, got {t!r}")
+        if isinstance(t, jax.core.Tracer):  # under jit: the times cannot be checked, only used
+            times = jnp.asarray(t, dtype)
+            flat_t = times.reshape(-1)
+            start = jnp.where(flat_t[0] == 0, -1e-24, 0.0).astype(dtype).reshape(1)
+        else:
+            times = np.asarray(np.inf if t is None else t, dtype=float)
+            flat_t = times.reshape(-1)
+            if flat_t.size == 0 or np.isnan(flat_t).any() or (flat_t < 0).any() or (np.diff(flat_t) <= 0).any():
+                raise ValueError(f"{where}: t must be non-negative and strictly increasing, got {t!r}")
+            start = jnp.full((1,), -1e-24 if flat_t[0] == 0 else 0.0, dtype)
         ts = jnp.asarray(flat_t, dtype) * lr
         # the solver starts at its first time: put the initial state at 0 (just before 0 when 0 is asked for)
-        ts = jnp.concatenate([jnp.full((1,), -1e-24 if flat_t[0] == 0 else 0.0, dtype), ts])
+        ts = jnp.concatenate([start, ts])
 
         kt2, test_axes = (None, None) if k_test_train is None else _test_kernel(k_test_train, layout,
                                                                                   "k_test_train", where)
@@ -464,18 +452,12 @@ def gp_inference(
     cache: dict[str, Any] = {}
 
     def train(g: str):
-        key = "k_" + g
-        if key not in cache:
-            cache[key] = _train_kernel(_part(k_train_train, g, "k_train_train", where), layout,
-                                       f"k_train_train.{g}", where)
-        return cache[key]
+        return _cached(cache, "k_" + g, k_train_train, lambda: _train_kernel(
+            _part(k_train_train, g, "k_train_train", where), layout, f"k_train_train.{g}", where))
 
     def chol(g: str):
-        key = "chol_" + g
-        if key not in cache:
-            cache[key] = _cholesky(_regularised(train(g), reg, diag_reg_absolute_scale),
-                                   f"train {g} kernel (+ diag_reg)", where)
-        return cache[key]
+        return _cached(cache, "chol_" + g, k_train_train, lambda: _cholesky(
+            _regularised(train(g), reg, diag_reg_absolute_scale), f"train {g} kernel (+ diag_reg)", where))
 
     def predict_fn(get=None, k_test_train=None, k_test_test=None):
         names, single = _gp_get(get, where)
