@@ -19,7 +19,7 @@ What it does:
    ``records/conformance/smnngp.json``. Exit status 1 when a failure is unexplained.
 
 Both runs load the plugin in ``scripts/nt_conformance/plugin`` (absl flags marked parsed; ``jax.tree_map`` put
-back on a jax that removed it). Counts are pytest's test ids: one per parameterised case that nt's
+back on a jax that removed it) and see two CPU devices (``--xla_force_host_platform_device_count=2``). Counts are pytest's test ids: one per parameterised case that nt's
 ``test_utils.product`` samples (``NT_NUM_GENERATED_CASES``, default 4, as nt's own CI).
 """
 
@@ -98,6 +98,9 @@ def run_pytest(python: str, src: Path, files: list[str], xml: Path, shim: bool, 
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("NT_NUM_GENERATED_CASES", "4")
     env.setdefault("JAX_PLATFORMS", "cpu")
+    # Two CPU devices, so that nt's tests of device_count=2 (which nt itself fakes by stubbing its private pmap)
+    # run on two real devices here.
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
     cmd = [python, "-m", "pytest", "-p", "nt_conformance_plugin", "-p", "no:cacheprovider", "-q",
            "--rootdir", str(src), "-o", "addopts=", "--junitxml", str(xml), "-W", "ignore::DeprecationWarning",
            "--tb=line"]
