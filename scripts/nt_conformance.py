@@ -19,8 +19,9 @@ What it does:
    ``records/conformance/smnngp.json``. Exit status 1 when a failure is unexplained.
 
 Both runs load the plugin in ``scripts/nt_conformance/plugin`` (absl flags marked parsed; ``jax.tree_map`` put
-back on a jax that removed it) and see two CPU devices (``--xla_force_host_platform_device_count=2``). Counts are pytest's test ids: one per parameterised case that nt's
-``test_utils.product`` samples (``NT_NUM_GENERATED_CASES``, default 4, as nt's own CI).
+back on a jax that removed it; nt's random bits) and see two CPU devices
+(``--xla_force_host_platform_device_count=2``). Counts are pytest's test ids: one per parameterised case that
+nt's ``test_utils.product`` samples (``NT_NUM_GENERATED_CASES``, default 4, as nt's own CI).
 """
 
 from __future__ import annotations
