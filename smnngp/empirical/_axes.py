@@ -113,6 +113,38 @@ def none_if_empty(x2):
     return None if x2 is None or not jax.tree_util.tree_leaves(x2) else x2
 
 
+def _leading(tree) -> int | None:
+    """The leading size shared by a pytree's array leaves that can hold per-point values (not PRNG keys)."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    sizes = set()
+    for leaf in leaves:
+        dtype = getattr(leaf, "dtype", None)
+        if (dtype is None or jnp.ndim(leaf) == 0 or dtype == jnp.uint32
+                or jnp.issubdtype(dtype, jax.dtypes.prng_key)):
+            return None
+        sizes.add(jnp.shape(leaf)[0])
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def tile_kwargs(kwargs: dict, rows, cols, n1: int, n2: int) -> dict:
+    """Keyword arguments of a kernel function cut to the tile of points ``rows`` of x1 and ``cols`` of x2.
+
+    A per-point value is a 2-tuple ``(for x1, for x2)`` whose first element has ``n1`` leading entries and whose
+    second has ``n2`` (or is ``None``), as neural-tangents' ``pattern=(pattern1, pattern2)``; each side is
+    sliced. Any other value (parameters, keys, flags) is passed unchanged.
+    """
+    out = {}
+    for name, v in kwargs.items():
+        if (isinstance(v, tuple | list) and len(v) == 2 and _leading(v[0]) == n1
+                and (v[1] is None or _leading(v[1]) == n2)):
+            a = jax.tree_util.tree_map(lambda t: t[rows[0]:rows[1]], v[0])
+            b = None if v[1] is None else jax.tree_util.tree_map(lambda t: t[cols[0]:cols[1]], v[1])
+            out[name] = (a, b)
+        else:
+            out[name] = v
+    return out
+
+
 def split_kwargs(kwargs: dict, x1, x2):
     """The keyword arguments of ``f`` on ``x1`` and on ``x2``.
 

@@ -190,12 +190,14 @@ def _is_array_tree(v):
 def _tiled(tile_sum, tiles, lo, hi, x1, x2, gets, kw, static_kw):
     """Assemble the kernel tile by tile along the batch axes of ``x1`` and ``x2`` (the first output axes)."""
     xb = x1 if x2 is None else x2
+    n1, n2 = tiles(x1)[-1][1], tiles(xb)[-1][1]
     rows = []
     for a, b in tiles(x1):
         cols = []
         for c, d in tiles(xb):
             s1 = jax.tree_util.tree_map(lambda t, a=a, b=b: t[a:b], x1)
             s2 = jax.tree_util.tree_map(lambda t, c=c, d=d: t[c:d], xb)
-            cols.append(tile_sum(lo, hi, s1, s2, gets, kw, static_kw))
+            kw_tile = _axes.tile_kwargs(kw, (a, b), (c, d), n1, n2)
+            cols.append(tile_sum(lo, hi, s1, s2, gets, kw_tile, static_kw))
         rows.append(jax.tree_util.tree_map(lambda *t: jnp.concatenate(t, axis=1), *cols))
     return jax.tree_util.tree_map(lambda *t: jnp.concatenate(t, axis=0), *rows)

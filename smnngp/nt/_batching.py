@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from smnngp.empirical._axes import tile_kwargs
 from smnngp.kernels import Kernel
 
 __all__ = ["batch"]
@@ -106,7 +107,7 @@ def batch(kernel_fn: Callable, batch_size: int = 0, device_count: int = -1, stor
                     a, b = jax.device_put((a, b), device)
                 a = jax.tree_util.tree_unflatten(tree1, a)
                 b = None if b is None else jax.tree_util.tree_unflatten(tree1, b)
-                out = kernel_fn(a, b, *args, **kwargs)
+                out = kernel_fn(a, b, *args, **tile_kwargs(kwargs, r, c, n1, n2))
                 if not traced and not store_on_device:
                     out = jax.device_put(out, cpu)
                 row.append(out)

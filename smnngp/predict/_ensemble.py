@@ -263,8 +263,8 @@ def gradient_descent_mse_ensemble(
     if x_train.ndim < 2:
         raise ValueError(f"{where}: x_train must have a batch axis and a feature axis, got shape {x_train.shape}")
     default_trace = isinstance(trace_axes, (tuple, list)) and tuple(trace_axes) == (-1,) or trace_axes == -1
-    if default_trace and y_train.ndim not in (1, 2):
-        raise ValueError(f"{where}: y_train must be (N,) or (N, C), got shape {y_train.shape}")
+    if y_train.ndim < 1:
+        raise ValueError(f"{where}: y_train must have a batch axis, got a scalar")
     if y_train.ndim == 0:
         raise ValueError(f"{where}: y_train must have a batch axis, got a scalar")
     if y_train.shape[0] != x_train.shape[0]:
