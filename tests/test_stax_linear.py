@@ -195,11 +195,27 @@ def test_errors_name_the_layer():
         stax.ConvTranspose(4, (3, 3), dimension_numbers=("NCHW", "OIHD", "NCHW"))
     with pytest.raises(ValueError, match=r"ConvLocal\(4, \(3,\)\): strides must be 1"):
         stax.ConvLocal(4, (3,), strides=(1, 1))
-    with pytest.raises(ValueError, match=r"ConvLocal: filter_shape must be a non-empty"):
-        stax.ConvLocal(4, ())
+    with pytest.raises(ValueError, match=r"ConvLocal: filter_shape must be a sequence of positive integers"):
+        stax.ConvLocal(4, (2.5,))
     with pytest.raises(ValueError, match=r"ConvTranspose\(4, \(3,\)\): a 1-D convolution needs inputs of rank 3"):
         stax.ConvTranspose(4, (3,))[2](np.ones((2, 3, 3, 1)), None, "nngp")
     with pytest.raises(ValueError, match=r"Conv\(4, \(2, 2, 2\)\): VALID padding"):
         stax.Conv(4, (2, 2, 2))[2](np.ones((2, 1, 3, 3, 1)), None, "nngp")
     with pytest.raises(ValueError, match=r"ConvLocal\(4, \(3,\)\): s must be a pair"):
         stax.ConvLocal(4, (3,), s=(1, 2, 3))
+
+
+@pytest.mark.parametrize("conv", [stax.Conv, stax.ConvTranspose, stax.ConvLocal])
+def test_zero_dimensional_convolution_is_dense(conv):
+    # An empty filter_shape convolves (batch, channels) inputs over no spatial axis: Dense's affine map (as nt).
+    x1 = jax.random.normal(jax.random.PRNGKey(0), (3, 5))
+    x2 = jax.random.normal(jax.random.PRNGKey(1), (2, 5))
+    _, _, k_conv = stax.serial(conv(7, (), W_std=1.3, b_std=0.2), stax.Relu(), conv(2, (), W_std=0.9))
+    _, _, k_dense = stax.serial(stax.Dense(7, W_std=1.3, b_std=0.2), stax.Relu(), stax.Dense(2, W_std=0.9))
+    for x in (None, x2):
+        a, b = k_conv(x1, x, ("nngp", "ntk")), k_dense(x1, x, ("nngp", "ntk"))
+        np.testing.assert_allclose(a.nngp, b.nngp, rtol=1e-13)
+        np.testing.assert_allclose(a.ntk, b.ntk, rtol=1e-13)
+    init, apply, _ = conv(7, (), b_std=0.2)
+    _, params = init(jax.random.PRNGKey(2), x1.shape)
+    assert apply(params, x1).shape == (3, 7)

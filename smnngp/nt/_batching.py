@@ -108,8 +108,9 @@ def batch(kernel_fn: Callable, batch_size: int = 0, device_count: int = -1, stor
                 a = jax.tree_util.tree_unflatten(tree1, a)
                 b = None if b is None else jax.tree_util.tree_unflatten(tree1, b)
                 out = kernel_fn(a, b, *args, **tile_kwargs(kwargs, r, c, n1, n2))
-                if not traced and not store_on_device:
-                    out = jax.device_put(out, cpu)
+                if not traced and (not store_on_device or len(devices) > 1):
+                    # the tiles meet on one device (the first, or the CPU) to be put together
+                    out = jax.device_put(out, devices[0] if store_on_device else cpu)
                 row.append(out)
             tiles.append(row)
         return _assemble(tiles, same, n1, n2)

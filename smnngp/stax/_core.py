@@ -443,9 +443,11 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         if isinstance(x1, Kernel):
             k = _apply_to_kernel(name, kernel_map, needs_full, x1, x2, layer_kwargs)
             return _finish(k, get, names, diag_spatial, None)
-        if isinstance(x1, list | tuple) and all(isinstance(k, Kernel) for k in x1):
-            k = _apply_to_kernel(name, kernel_map, needs_full, list(x1), x2, layer_kwargs)
-            return _finish(k, get, names, diag_spatial, None)
+        if isinstance(x1, list | tuple):
+            leaves, tree = jax.tree_util.tree_flatten(x1, is_leaf=lambda t: isinstance(t, Kernel))
+            if leaves and all(isinstance(k, Kernel) for k in leaves):  # Kernels of a leading (nested) parallel
+                k = _apply_to_kernel(name, kernel_map, needs_full, _as_lists(tree, leaves), x2, layer_kwargs)
+                return _finish(k, get, names, diag_spatial, None)
         many = isinstance(x1, list | tuple)  # one input per branch of a leading `parallel` (nested for nested ones)
         if many:
             leaves1, tree = jax.tree_util.tree_flatten(x1, is_leaf=_is_input_leaf)
@@ -568,7 +570,7 @@ def _apply_to_kernel(name, kernel_map, needs_full, k: Kernel, x2, layer_kwargs):
     if x2 is not None:
         raise ValueError(f"kernel_fn of {name}: with a Kernel as first argument, x2 must be None (the Kernel "
                          f"already holds both inputs)")
-    for ki in k if isinstance(k, list) else [k]:
+    for ki in jax.tree_util.tree_leaves(k, is_leaf=lambda t: isinstance(t, Kernel)):
         _check_kernel_input(name, needs_full, ki)
     return kernel_map(k, **layer_kwargs)
 

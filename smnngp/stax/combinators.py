@@ -164,7 +164,7 @@ def repeat(layer: Layer, n: int) -> Layer:
             kw = kwargs if key is None else dict(kwargs, rng=key)
             return inner_apply(p, h, **kw), None
 
-        out, _ = jax.lax.scan(step, x, (params, keys))
+        out, _ = jax.lax.scan(step, x, (params, keys), length=n)  # length: a layer without parameters
         return out
 
     def kernel_map(k, **kwargs):

@@ -62,17 +62,21 @@ def _unpack_params(params, layer: str):
 def _bias(b, expected: tuple, layer: str):
     """``b`` reshaped to neural-tangents' bias shape ``expected``, or None; a ValueError naming the layer.
 
-    Accepted are ``expected`` itself and its trailing axes (``(width,)`` for a batch of vectors): what numpy
-    broadcasting lets neural-tangents add to its outputs. The missing leading axes are added here explicitly, so
-    that ``out + b`` never relies on rank promotion.
+    Accepted are ``expected`` itself and any shape that broadcasts to it (``(width,)`` for a batch of vectors, a
+    scalar): what numpy broadcasting lets neural-tangents add to its outputs. The missing leading axes are added
+    here explicitly, so that ``out + b`` never relies on rank promotion.
     """
     if b is None:
         return None
     shape, expected = tuple(jnp.shape(b)), tuple(expected)
-    if not shape or len(shape) > len(expected) or shape != expected[len(expected) - len(shape):]:
+    if not shape:
+        return jnp.asarray(b)  # a scalar bias: adding it never promotes ranks
+    tail = expected[len(expected) - len(shape):]
+    if len(shape) > len(expected) or any(s not in (1, e) for s, e in zip(shape, tail)):
         raise ValueError(f"{layer}: bias has shape {shape}, expected {expected} (the shape init_fn draws, as "
-                         f"neural-tangents does: 1 on every axis but the channels)")
-    return jnp.reshape(b, expected)
+                         f"neural-tangents does: 1 on every axis but the channels) or a shape that broadcasts to it")
+    b = jnp.reshape(b, (1,) * (len(expected) - len(shape)) + shape)
+    return b if b.shape == expected else jnp.broadcast_to(b, expected)
 
 
 def Dense(
