@@ -15,6 +15,7 @@ from scipy import integrate, stats
 
 from finite import lowrank as LR
 from finite import lowrank_theory as T
+from smnngp._axes import lead
 
 KEY = jax.random.PRNGKey(0)
 
@@ -151,8 +152,8 @@ def test_factored_path_equals_materialized_path():
     @jax.jit
     def outputs(x, k):
         w, w1 = fac.sample(params, k), r1.sample(p1, k)
-        return (fac.forward(w, x), mat.forward(w, x), x @ LR.materialize(w) + w.b,
-                r1.forward(w1, x), x @ LR.materialize(w1) + w1.b)
+        return (fac.forward(w, x), mat.forward(w, x), x @ LR.materialize(w) + lead(w.b, x.ndim),
+                r1.forward(w1, x), x @ LR.materialize(w1) + lead(w1.b, x.ndim))
 
     for shape in [(7, 20), (2, 5, 20)]:
         x = jax.random.normal(jax.random.PRNGKey(2), shape, jnp.float64)

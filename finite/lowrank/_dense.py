@@ -37,6 +37,7 @@ from finite.lowrank._pytrees import (
 )
 from finite.lowrank._stochastic import _as_array, _det_init, _Stochastic
 from finite.lowrank._validation import _BIASES, KINDS, _check_choice, _check_last_dim, _check_pos, _float_dtype
+from smnngp._axes import lead
 
 __all__ = ["DeterministicDense", "BBBDense", "LowRankDense", "Rank1Dense", "dense"]
 
@@ -156,7 +157,7 @@ class DeterministicDense(_Layer):
     def forward(self, weights, x):
         """``x @ W + b``."""
         out = x @ weights.W
-        return out if weights.b is None else out + weights.b
+        return out if weights.b is None else out + lead(weights.b, out.ndim)
 
     def num_params(self) -> int:
         """``n_in n_out + n_out`` (or ``n_in n_out`` without bias)."""
@@ -249,7 +250,7 @@ class BBBDense(_UniformRhoLayer):
     def forward(self, weights, x):
         """``x @ W + b``."""
         out = x @ weights.W
-        return out if weights.b is None else out + weights.b
+        return out if weights.b is None else out + lead(weights.b, out.ndim)
 
     def num_params(self) -> int:
         """``2 n_in n_out`` plus the bias (``2 n_out`` Bayesian, ``n_out`` deterministic; Table 4)."""
@@ -371,7 +372,7 @@ class LowRankDense(_Layer):
             out = (x @ weights.A) @ weights.B.T
         else:
             out = x @ (weights.A @ weights.B.T)
-        return out if weights.b is None else out + weights.b
+        return out if weights.b is None else out + lead(weights.b, out.ndim)
 
     def num_params(self) -> int:
         """``2 r (n_in + n_out)`` plus the bias (paper Sec. 2.1, Table 4)."""
@@ -457,8 +458,9 @@ class Rank1Dense(_UniformRhoLayer):
 
     def forward(self, weights, x):
         """``((x o s) @ W_bar) o r + b``."""
-        out = ((x * weights.s) @ weights.W) * weights.r
-        return out if weights.b is None else out + weights.b
+        out = (x * lead(weights.s, x.ndim)) @ weights.W
+        out = out * lead(weights.r, out.ndim)
+        return out if weights.b is None else out + lead(weights.b, out.ndim)
 
     def num_params(self) -> int:
         """``n_in n_out + 2 (n_in + n_out)`` plus the bias (Table 4: ``mn + 2(m + n)``)."""

@@ -25,6 +25,7 @@ from finite.lowrank._meanfield import (
 )
 from finite.lowrank._stochastic import _as_array, _det_init, _Stochastic
 from finite.lowrank._validation import KINDS, _check_choice, _check_pos, _float_dtype
+from smnngp._axes import lead
 
 __all__ = ["DeterministicEmbedding", "BBBEmbedding", "LowRankEmbedding", "Rank1Embedding", "embedding"]
 
@@ -278,7 +279,8 @@ class Rank1Embedding(_Embedding):
         eps = _row_noise(ks, tokens, (), self.family, params.W.dtype)
         s = _draw(MeanField(jnp.take(params.s.mu, tokens), jnp.take(params.s.rho, tokens)), eps)
         r = _sample_mf(params.r, kr, self.family)
-        return jnp.take(params.W, tokens, axis=0) * s[..., None] * r
+        rows = jnp.take(params.W, tokens, axis=0)
+        return rows * s[..., None] * lead(r, rows.ndim)
 
     def num_params(self) -> int:
         """``V d + 2 (V + d)``."""

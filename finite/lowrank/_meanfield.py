@@ -341,7 +341,7 @@ def svd_factors(W, rank: int):
         raise ValueError(f"svd_factors: rank {rank} exceeds min(W.shape) = {min(W.shape)}")
     U, s, Vt = jnp.linalg.svd(W, full_matrices=False)
     root = jnp.sqrt(s[:rank])
-    return U[:, :rank] * root, Vt[:rank].T * root
+    return U[:, :rank] * root[None, :], Vt[:rank].T * root[None, :]
 
 
 def _svd_mean_fields(W, rank: int, key, sigma, rho_range):

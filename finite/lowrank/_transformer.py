@@ -19,6 +19,7 @@ from finite.lowrank._meanfield import _draw_specs
 from finite.lowrank._networks import _activation, _layer_options, _Network
 from finite.lowrank._stochastic import _as_array, _jit_encode
 from finite.lowrank._validation import KINDS, _check_choice, _check_int, _float_dtype
+from smnngp._axes import lead
 
 __all__ = ["EncoderBlock", "Transformer", "transformer"]
 
@@ -26,7 +27,7 @@ __all__ = ["EncoderBlock", "Transformer", "transformer"]
 def _layer_norm(x, scale, bias, eps: float):
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-    return (x - mean) * lax.rsqrt(var + eps) * scale + bias
+    return (x - mean) * lax.rsqrt(var + eps) * lead(scale, x.ndim) + lead(bias, x.ndim)
 
 
 def sinusoidal_positions(length: int, dim: int, dtype=jnp.float32):
