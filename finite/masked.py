@@ -41,6 +41,7 @@ import numpyro.distributions as dist
 from jax.scipy.special import gammaln
 
 from smnngp import stax
+from smnngp._axes import lead
 
 __all__ = [
     "MaskedMLP",
@@ -77,7 +78,13 @@ def masked_relu(x, m):
     Returns:
         The masked activations, ``m * max(x, 0)``, of the shape of ``x``.
     """
-    return m * jnp.maximum(x, 0.0)
+    return lead(m, jnp.ndim(x)) * jnp.maximum(x, 0.0)
+
+
+def _affine(h, W, b):
+    """``h @ W + b`` with the bias broadcast over the batch axes of ``h`` explicitly."""
+    out = h @ W
+    return out + lead(b, out.ndim)
 
 
 class MaskedMLP(NamedTuple):
@@ -200,17 +207,17 @@ def _forward(params, masks, x, buckets=None):
         B = None if buckets is None else buckets[l]
         if B is None or B >= p:
             Wl = W if prev_idx is None else W[prev_idx]
-            h = masked_relu(h @ Wl + b, m)
+            h = masked_relu(_affine(h, Wl, b), m)
             prev_idx = None
         else:
             on = jax.lax.stop_gradient(m) > 0.5
             idx = jnp.nonzero(on, size=B, fill_value=0)[0]
             valid = jnp.arange(B) < jnp.sum(on)
             Wl = W[:, idx] if prev_idx is None else W[prev_idx[:, None], idx[None, :]]
-            h = masked_relu(h @ Wl + b[idx], jnp.where(valid, m[idx], 0.0))
+            h = masked_relu(_affine(h, Wl, b[idx]), jnp.where(valid, m[idx], 0.0))
             prev_idx = idx
     W, b = params[-1]
-    return h @ (W if prev_idx is None else W[prev_idx]) + b
+    return _affine(h, W if prev_idx is None else W[prev_idx], b)
 
 
 def node_activations(params, masks, x, buckets=None):
@@ -238,15 +245,15 @@ def node_activations(params, masks, x, buckets=None):
         raise ValueError(f"node_activations: {len(buckets)} buckets for {len(masks)} masked layers")
     out, h, prev_idx = [], x, None
     for l, ((W, b), m) in enumerate(zip(params[:-1], masks)):
-        a = jnp.maximum(h @ (W if prev_idx is None else W[prev_idx]) + b, 0.0)
+        a = jnp.maximum(_affine(h, W if prev_idx is None else W[prev_idx], b), 0.0)
         out.append(a)
         B = None if buckets is None else buckets[l]
         if B is None or B >= m.shape[0]:
-            h, prev_idx = a * m, None
+            h, prev_idx = a * lead(m, a.ndim), None
         else:
             on = jax.lax.stop_gradient(m) > 0.5
             idx = jnp.nonzero(on, size=B, fill_value=0)[0]
-            h, prev_idx = a[:, idx] * jnp.where(jnp.arange(B) < jnp.sum(on), m[idx], 0.0), idx
+            h, prev_idx = a[:, idx] * jnp.where(jnp.arange(B) < jnp.sum(on), m[idx], 0.0)[None, :], idx
     return out
 
 
@@ -396,9 +403,9 @@ def apply_effective(theta_e, masks, index: EffectiveIndex, x):
     """
     h = x
     for (W, b), m, idx, valid in zip(theta_e[:-1], masks, index.idx, index.valid):
-        h = masked_relu(h @ W + b, jnp.where(valid, m[idx], 0.0))
+        h = masked_relu(_affine(h, W, b), jnp.where(valid, m[idx], 0.0))
     W, b = theta_e[-1]
-    return h @ W + b
+    return _affine(h, W, b)
 
 
 def ineffective_masks(masks, dtype=jnp.float32):

@@ -30,6 +30,7 @@ import numpyro.distributions as dist
 
 from finite.masked import masked_relu
 from smnngp import stax
+from smnngp._axes import lead
 
 __all__ = ["MaskedResNet18", "masked_resnet18", "BN_MOMENTUM", "BN_EPS"]
 
@@ -49,7 +50,8 @@ def _bn_train(x, gb, run):
     axes = tuple(range(x.ndim - 1))
     mean = jnp.mean(x, axes)
     var = jnp.var(x, axes)
-    out = (x - mean) * jax.lax.rsqrt(var + BN_EPS) * g + b
+    d = x.ndim  # the per-channel statistics and (gamma, beta) broadcast over the batch and spatial axes
+    out = (x - lead(mean, d)) * lead(jax.lax.rsqrt(var + BN_EPS), d) * lead(g, d) + lead(b, d)
     if run is None:
         return out, None
     n = x.size // x.shape[-1]
@@ -61,7 +63,8 @@ def _bn_train(x, gb, run):
 
 def _bn_eval(x, gb, run):
     g, b = gb
-    return (x - run[0]) * jax.lax.rsqrt(run[1] + BN_EPS) * g + b, None
+    d = x.ndim
+    return (x - lead(run[0], d)) * lead(jax.lax.rsqrt(run[1] + BN_EPS), d) * lead(g, d) + lead(b, d), None
 
 
 class MaskedResNet18(NamedTuple):
@@ -159,7 +162,7 @@ class MaskedResNet18(NamedTuple):
             h = masked_relu(out + short, next(m))
         pooled = jnp.mean(h, axis=(1, 2))
         hw, hb = params["head"]
-        return pooled @ hw.astype(pooled.dtype) + hb.astype(pooled.dtype), new_runs
+        return pooled @ hw.astype(pooled.dtype) + lead(hb.astype(pooled.dtype), pooled.ndim), new_runs
 
     def apply(self, params, masks, x, state=None):
         """Logits. With ``state`` (running statistics) in evaluation mode; without, with batch statistics."""

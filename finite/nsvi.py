@@ -97,11 +97,11 @@ def _layers_out(params: NSVIParams, x, key, sample: bool):
         mu_z, la = params.z_mu[l], jnp.clip(params.z_log_alpha[l], -10.0, 10.0)
         if sample:
             eps = jax.random.normal(keys[2 * l], (h.shape[0], mu_z.shape[0]), h.dtype)
-            z = mu_z * (1.0 + jnp.exp(0.5 * la) * eps)
+            z = mu_z[None, :] * (1.0 + jnp.exp(0.5 * la)[None, :] * eps)
         else:
             z = jnp.broadcast_to(mu_z, (h.shape[0], mu_z.shape[0]))
         hz = h * z
-        mean = hz @ params.w_mu[l] + params.b[l]
+        mean = hz @ params.w_mu[l] + params.b[l][None, :]
         if sample:
             var = (hz * hz) @ jnp.exp(params.w_log_s2[l])
             mean = mean + jnp.sqrt(var + 1e-12) * jax.random.normal(keys[2 * l + 1], mean.shape, h.dtype)

@@ -336,8 +336,8 @@ def transfer_move(key, params, masks, loglik, value, *, c: float, prior_scale: f
         idx, valid = index.idx[l], index.valid[l]
         W, b = params[l]
         cols = jnp.concatenate([idx, j[None]])
-        A = jnp.maximum(h @ (W if prev is None else W[prev])[:, cols] + b[cols], 0.0)  # (n, B_l + 1)
-        h, prev = A[:, :-1] * jnp.where(valid, m[idx], 0.0), idx  # the masked, compacted input of layer l + 1
+        A = jnp.maximum(h @ (W if prev is None else W[prev])[:, cols] + b[cols][None, :], 0.0)  # (n, B_l + 1)
+        h, prev = A[:, :-1] * jnp.where(valid, m[idx], 0.0)[None, :], idx  # masked, compacted input of layer l + 1
         cos, scale = _similarity(A[:, :-1], A[:, -1])
         logits = jnp.where(valid & (idx != j), kappa * cos, -jnp.inf)
         gumbel = jax.random.gumbel(jax.random.fold_in(k_i, l), (p,), dtype)[idx]  # the full-width draw's entries

@@ -121,7 +121,7 @@ def autodiff_layer_hessians(model: ArdMLP, params, Z, y, w, sigma2) -> tuple:
 def _clamp_psd(H):
     """``H`` with its negative eigenvalues set to zero (host-side use: the Laplace posterior)."""
     lam, U = jnp.linalg.eigh(0.5 * (H + H.T))
-    return (U * jnp.clip(lam, 0.0, None)) @ U.T
+    return (U * jnp.clip(lam, 0.0, None)[None, :]) @ U.T
 
 
 def _gershgorin_psd(H):

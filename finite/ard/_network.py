@@ -88,7 +88,8 @@ class ArdMLP(NamedTuple):
         a, hs, ins = x, [], []
         for i, layer in enumerate(params):
             ins.append(a)
-            h = a @ layer.W + layer.b
+            h = a @ layer.W
+            h = h + jnp.broadcast_to(layer.b, h.shape)  # inputs of any batch rank
             hs.append(h)
             a = f(h) if i < len(params) - 1 else h
         return a[..., 0], hs, ins
