@@ -591,7 +591,8 @@ def love_variance_reduction(op: KernelOperator, x_test, rank: int, precond: Pivo
     k_sq = _cross_sq_norms(op.fn, op.n, op.params, op.blocks, jnp.asarray(x_test))
     if U.shape[1]:
         uk = op.cross_matmul(x_test, U)  # (L, r)
-        u_sq = jnp.sum(uk**2 / (lam + pshift), axis=1) + jnp.clip(k_sq - jnp.sum(uk**2, axis=1), 0.0, None) / pshift
+        u_sq = (jnp.sum(uk**2 / (lam + pshift)[None, :], axis=1)
+                + jnp.clip(k_sq - jnp.sum(uk**2, axis=1), 0.0, None) / pshift)
     else:
         u_sq = k_sq / pshift
     return jnp.sum(w * w, axis=0) + jnp.clip(u_sq - jnp.sum(proj * proj, axis=1), 0.0, None)
@@ -812,8 +813,8 @@ def _pcg(fn, mesh, n, max_iter, pkind, params, blocks, shift, pargs, B, tol):
         AP = matmul(P)
         pap = jnp.sum(P * AP, axis=0)
         alpha = jnp.where(done | (pap <= 0), 0.0, rz / jnp.where(pap > 0, pap, 1.0))
-        X = X + alpha * P
-        R = R - alpha * AP
+        X = X + alpha[None, :] * P
+        R = R - alpha[None, :] * AP
         Z = precond(R)
         rz_new = jnp.sum(R * Z, axis=0)
         beta = jnp.where(done, 0.0, rz_new / jnp.where(rz > 0, rz, 1.0))
@@ -823,7 +824,7 @@ def _pcg(fn, mesh, n, max_iter, pkind, params, blocks, shift, pargs, B, tol):
         iters = jnp.where(done, iters, k + 1)
         res = jnp.where(done, res, res_new)
         done = done | (res_new <= tol) | (pap <= 0)
-        return k + 1, X, R, Z + beta * P, rz_new, done, iters, res, alphas, betas
+        return k + 1, X, R, Z + beta[None, :] * P, rz_new, done, iters, res, alphas, betas
 
     _, X, _, _, _, _, iters, res, alphas, betas = lax.while_loop(cond, body, init)
     return X, iters, res, alphas, betas, rz  # rz: r0^T P^-1 r0 per column, the probes' |w|^2

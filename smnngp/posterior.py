@@ -57,6 +57,7 @@ from jax.scipy.special import gammaln, logsumexp, ndtr, ndtri
 
 from smnngp import kernels as _kernels
 from smnngp import linalg, matfree, priors, shifts
+from smnngp._axes import lead
 from smnngp._checks import check_finite
 
 __all__ = [
@@ -369,7 +370,13 @@ class GaussianMixture(dist.Distribution):
 
     # The (S, L) component arrays are reduced by compiled, fused functions (below the class), which read them
     # once instead of materialising every intermediate: at 10^4-10^5 components that is most of the cost.
+    def _per_component(self, value):
+        """``value`` (broadcastable to ``batch_shape``) with leading unit axes up to the rank of the
+        ``(S,) + batch_shape`` component arrays, so that it broadcasts against them explicitly."""
+        return lead(jnp.asarray(value), 1 + len(self.batch_shape))
+
     def log_prob(self, value):
+        value = self._per_component(value)
         if self._scale is None:
             return _mixture_log_prob_factored(self._lw(), self.loc, *self._scale_factors, value)
         return _mixture_log_prob(self._lw(), self.loc, self.scale, value)
@@ -386,13 +393,13 @@ class GaussianMixture(dist.Distribution):
 
     def cdf(self, value):
         w = jnp.exp(self._lw())
-        return jnp.sum(w * ndtr((value - self.loc) / self.scale), axis=0)
+        return jnp.sum(w * ndtr((self._per_component(value) - self.loc) / self.scale), axis=0)
 
     def icdf(self, q, iterations: int = 100):
         """Quantiles by bisection on the mixture CDF (bracketed by the components' own quantiles)."""
         q = jnp.broadcast_to(jnp.asarray(q, self.log_weights.dtype), self.batch_shape)
         zq = ndtri(q)
-        comp_q = jnp.broadcast_to(self.loc + self.scale * zq, (self.log_weights.shape[0],) + self.batch_shape)
+        comp_q = jnp.broadcast_to(self.loc + self.scale * zq[None], (self.log_weights.shape[0],) + self.batch_shape)
         lo, hi = comp_q.min(0), comp_q.max(0)
 
         def body(_, bounds):
@@ -430,8 +437,8 @@ def _mixture_log_prob_factored(lw, loc, beta, var, value):
     # one location for all components: z^2 = r / beta with r = (value - loc)^2 / var per point, and
     # log scale = (log beta + log var) / 2, so only the exponentials are S x L
     b = beta.reshape((-1,) + (1,) * jnp.ndim(var))
-    r = (value - loc) ** 2 / var
-    comp = -0.5 * r / b - 0.5 * jnp.log(b) - 0.5 * jnp.log(var) - 0.5 * _LOG_2PI
+    r = (value - loc) ** 2 / var[None]
+    comp = -0.5 * r / b - 0.5 * jnp.log(b) - 0.5 * jnp.log(var)[None] - 0.5 * _LOG_2PI
     return logsumexp(lw + comp, axis=0)
 
 
@@ -981,11 +988,11 @@ class Posterior:
                 lam, U, yt = st["lam"], st["U"], st["ytilde"]
                 P = kxt @ U
                 dinv = 1.0 / (beta[:, None] * lam[None, :] + self.noise)  # (S, N)
-                within = jnp.sum(w * beta) * kxx - (P * jnp.sum((w * beta**2)[:, None] * dinv, axis=0)) @ P.T
+                within = jnp.sum(w * beta) * kxx - (P * jnp.sum((w * beta**2)[:, None] * dinv, axis=0)[None, :]) @ P.T
                 means = beta[:, None, None] * jnp.einsum("ln,sn,nc->slc", P, dinv, yt)  # (S, L, C)
             if noisy:
                 within = within + self.noise * eye
-            dev = jnp.sqrt(w)[:, None, None] * (means - jnp.sum(w[:, None, None] * means, axis=0))
+            dev = jnp.sqrt(w)[:, None, None] * (means - jnp.sum(w[:, None, None] * means, axis=0)[None])
             cov = within[..., None] + jnp.einsum("slc,skc->lkc", dev, dev)
         return self._squeeze(cov)
 
@@ -1023,7 +1030,7 @@ class Posterior:
                 def conditional(i):
                     b = beta[i]
                     dinv = 1.0 / (b * lam + self.noise)
-                    return b * (P * dinv) @ yt, b * kxx - b**2 * (P * dinv) @ P.T
+                    return b * (P * dinv[None, :]) @ yt, b * kxx - b**2 * (P * dinv[None, :]) @ P.T
 
             keys = jax.random.split(k_z, num_samples)
             draws = []

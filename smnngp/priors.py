@@ -102,15 +102,17 @@ class BurrXII(dist.Distribution):
 
     @validate_sample
     def log_prob(self, value):
-        c, k = self.c, self.k
+        value, c, k = promote_shapes(value, self.c, self.k)  # value may carry sample axes: align ranks explicitly
         return jnp.log(c) + jnp.log(k) + (c - 1) * jnp.log(value) - (k + 1) * jnp.log1p(value**c)
 
     def cdf(self, value):
-        return -jnp.expm1(-self.k * jnp.log1p(value**self.c))
+        value, c, k = promote_shapes(value, self.c, self.k)
+        return -jnp.expm1(-k * jnp.log1p(value**c))
 
     def icdf(self, q):
         # (1 - q)^{-1/k} - 1 = expm1(-log1p(-q) / k), accurate for small q.
-        return jnp.expm1(-jnp.log1p(-q) / self.k) ** (1.0 / self.c)
+        q, c, k = promote_shapes(q, self.c, self.k)
+        return jnp.expm1(-jnp.log1p(-q) / k) ** (1.0 / c)
 
     @property
     def mean(self):

@@ -100,6 +100,7 @@ from jax.scipy.special import digamma, gammaln, log_ndtr, ndtr
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from smnngp import _optim, linalg, priors
+from smnngp._axes import lead
 from smnngp._checks import check_finite
 from smnngp.kernels import softplus_inverse
 from smnngp.posterior import as_kernel_callable
@@ -211,7 +212,8 @@ class Bernoulli(_Likelihood):
     def log_prob(self, lik_params, y, f):
         """``log Phi((2y - 1) f)`` for f (..., B, 1) and labels y (B,)."""
         sign = (2 * y - 1).astype(f.dtype)
-        return log_ndtr(sign * f[..., 0])
+        f0 = f[..., 0]
+        return log_ndtr(lead(sign, f0.ndim) * f0)  # the labels broadcast over f's leading (sample) axes
 
     def check_targets(self, y, n, name="y"):
         return _check_labels(y, n, 2, name)

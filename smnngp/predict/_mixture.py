@@ -18,6 +18,7 @@ from jax.scipy.special import gammaln, log_ndtr, logsumexp
 from numpyro.distributions import constraints
 
 from smnngp import linalg
+from smnngp._axes import lead
 from smnngp.kernels import canonical_get, pack
 from smnngp.predict._ensemble import _float_array, gradient_descent_mse_ensemble
 from smnngp.priors import as_prior, inverse_gamma_params, is_delta, is_inverse_gamma
@@ -40,6 +41,14 @@ _LOG_WINDOW = {np.dtype("float64"): 100.0, np.dtype("float32"): 60.0}
 _N_COARSE = 4097
 _N_FINE = 1025
 _DROP = 60.0  # the fine grid spans where the log integrand is within _DROP of its maximum
+
+
+def _minus(value, loc):
+    """``value - loc`` with numpy's broadcasting written out: ``value`` may carry sample axes in front of the batch
+    and event axes of ``loc`` (numpyro's convention), or broadcast against them."""
+    value = jnp.asarray(value)
+    n = max(value.ndim, jnp.ndim(loc))
+    return lead(value, n) - lead(loc, n)
 
 
 def _log_window(dtype) -> float:
@@ -74,13 +83,13 @@ def _log_quad(log_f: Callable, batch_shape, dtype):
     lo = u_c[jnp.maximum(first - 1, 0)]
     hi = u_c[jnp.minimum(last + 1, _N_COARSE - 1)]
     s = jnp.linspace(0.0, 1.0, _N_FINE, dtype=dtype)
-    u_f = lo[..., None] + (hi - lo)[..., None] * s
+    u_f = lo[..., None] + (hi - lo)[..., None] * lead(s, lo.ndim + 1)
     v = log_f(u_f)
     v = jnp.where(jnp.isnan(v), -jnp.inf, v)
     h = (hi - lo) / (_N_FINE - 1)
     logw = jnp.log(jnp.concatenate([jnp.full((1,), 0.5, dtype), jnp.ones((_N_FINE - 2,), dtype),
                                     jnp.full((1,), 0.5, dtype)]))
-    out = logsumexp(v + logw, axis=-1) + jnp.log(h)
+    out = logsumexp(v + lead(logw, v.ndim), axis=-1) + jnp.log(h)
     touches = (first == 0) | (last == _N_COARSE - 1)
     return jnp.where(touches | ~jnp.isfinite(vmax[..., 0]), jnp.nan, out)
 
@@ -150,10 +159,11 @@ class ScaleMixtureNormal(dist.Distribution):
         s = jnp.asarray(self.prior.sample(k_s, shape), self.loc.dtype)
         z = jax.random.normal(k_z, shape + self.event_shape, self.loc.dtype)
         scale = jnp.sqrt(s).reshape(shape + (1,) * self.event_ndim_)
-        return self.loc + scale * self._mul_L(z)
+        step = scale * self._mul_L(z)
+        return lead(self.loc, step.ndim) + step
 
     def _quadratic(self, value):
-        r = jnp.asarray(value) - self.loc
+        r = _minus(value, self.loc)
         m = self.event_shape[0]
         if self.event_ndim_ == 1:
             w = linalg.solve_triangular(self.scale_tril, r.reshape(-1, m).T).T.reshape(r.shape)
@@ -216,14 +226,22 @@ def _log_mixture_integral(prior, q, d: int, closed_form: bool, dtype):
 @functools.partial(jax.jit, static_argnames=("d",))
 def _quad_log_mixture(prior, q, d: int):
     qe = q[..., None]
-    return _log_quad(lambda u: _log_prior_u(prior, u) - 0.5 * d * u - 0.5 * qe * jnp.exp(-u), q.shape, q.dtype)
+
+    def log_f(u):  # u: the shared grid (G,) or per-point grids (..., G); qe (..., 1)
+        n = max(qe.ndim, u.ndim)
+        return lead(_log_prior_u(prior, u) - 0.5 * d * u, n) - 0.5 * lead(qe, n) * lead(jnp.exp(-u), n)
+    return _log_quad(log_f, q.shape, q.dtype)
 
 
 @jax.jit
 def _quad_log_cdf(prior, r):
     """log int Phi(r / sqrt(s)) h(s) ds."""
     re = r[..., None]
-    return _log_quad(lambda u: _log_prior_u(prior, u) + log_ndtr(re * jnp.exp(-0.5 * u)), r.shape, r.dtype)
+
+    def log_f(u):  # as in _quad_log_mixture
+        n = max(re.ndim, u.ndim)
+        return lead(_log_prior_u(prior, u), n) + log_ndtr(lead(re, n) * lead(jnp.exp(-0.5 * u), n))
+    return _log_quad(log_f, r.shape, r.dtype)
 
 
 class ScaleMixtureNormal1D(dist.Distribution):
@@ -255,15 +273,18 @@ class ScaleMixtureNormal1D(dist.Distribution):
         k_s, k_z = jax.random.split(key)
         shape = tuple(sample_shape) + self.batch_shape
         s = jnp.asarray(self.prior.sample(k_s, shape), self.loc.dtype)
-        return self.loc + jnp.sqrt(s) * self.scale * jax.random.normal(k_z, shape, self.loc.dtype)
+        n = len(shape)  # sample_shape + batch_shape: loc and scale broadcast over the sample axes
+        return lead(self.loc, n) + jnp.sqrt(s) * lead(self.scale, n) * jax.random.normal(k_z, shape, self.loc.dtype)
 
     def log_prob(self, value):
-        r = (jnp.asarray(value) - self.loc) / self.scale
+        r = _minus(value, self.loc)
+        r = r / lead(self.scale, r.ndim)
         const = -0.5 * math.log(2 * math.pi) - jnp.log(self.scale)
-        return const + _log_mixture_integral(self.prior, r**2, 1, self.closed_form, r.dtype)
+        return lead(const, r.ndim) + _log_mixture_integral(self.prior, r**2, 1, self.closed_form, r.dtype)
 
     def cdf(self, value):
-        r = (jnp.asarray(value) - self.loc) / self.scale
+        r = _minus(value, self.loc)
+        r = r / lead(self.scale, r.ndim)
         prior = self.prior
         if is_delta(prior):
             return jax.scipy.stats.norm.cdf(r / jnp.sqrt(prior.v))
