@@ -13,15 +13,20 @@ def _dense(rng, shapes):
     return {k: rng.standard_normal(s) / np.sqrt(max(s[0], 1)) for k, s in shapes.items()}
 
 
+def _bias(h, b):
+    """``h + b`` with ``b`` broadcast over ``h``'s leading axes explicitly (the tests run with rank promotion off)."""
+    return h + jnp.reshape(b, (1,) * (h.ndim - 1) + (-1,))
+
+
 def mlp(p, x, **kwargs):
-    h = jnp.tanh(x @ p["W1"] + p["b1"])
-    h = jnp.sin(h @ p["W2"] + p["b2"])
+    h = jnp.tanh(_bias(x @ p["W1"], p["b1"]))
+    h = jnp.sin(_bias(h @ p["W2"], p["b2"]))
     return h @ p["W3"]
 
 
 def cnn(p, x, **kwargs):
     dn = ("NHWC", "HWIO", "NHWC")
-    h = jax.lax.conv_general_dilated(x, p["k1"], (1, 1), "SAME", dimension_numbers=dn) + p["c1"]
+    h = _bias(jax.lax.conv_general_dilated(x, p["k1"], (1, 1), "SAME", dimension_numbers=dn), p["c1"])
     h = jnp.tanh(h)
     h = jax.lax.conv_general_dilated(h, p["k2"], (2, 2), "VALID", dimension_numbers=dn)
     h = jnp.sin(h)
@@ -31,7 +36,7 @@ def cnn(p, x, **kwargs):
 def resnet(p, x, **kwargs):
     dn = ("NHWC", "HWIO", "NHWC")
     h = jax.lax.conv_general_dilated(x, p["k0"], (1, 1), "SAME", dimension_numbers=dn)
-    r = jnp.tanh(jax.lax.conv_general_dilated(h, p["k1"], (1, 1), "SAME", dimension_numbers=dn) + p["c1"])
+    r = jnp.tanh(_bias(jax.lax.conv_general_dilated(h, p["k1"], (1, 1), "SAME", dimension_numbers=dn), p["c1"]))
     r = jax.lax.conv_general_dilated(r, p["k2"], (1, 1), "SAME", dimension_numbers=dn)
     h = jnp.sin(h + r)
     return jnp.mean(h, axis=(1, 2)) @ p["W"]
