@@ -16,10 +16,16 @@ if os.environ.get("SMNNGP_TEST_XLA_DEFAULT") != "1" and "xla_backend_optimizatio
         "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAG).strip()
 
+# Under 'raise' an operation between arrays of different ranks (`(3, 5) + (5,)`) is an error, as in neural-tangents'
+# own tests: the library broadcasts explicitly. The variable is read when JAX is imported, so every subprocess the
+# tests start (experiments, notebook kernels, multi-process tests, the docs build, benchmarks) runs under it too.
+os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_rank_promotion", "raise")  # implicit rank promotion is an error (see above)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
