@@ -600,6 +600,7 @@ def rbf(lengthscale=1.0, variance=1.0) -> ParametricKernel:
         a = jnp.reshape(x1, (x1.shape[0], -1))
         b = a if x2 is None else jnp.reshape(x2, (x2.shape[0], -1))
         ls = p["lengthscale"].astype(a.dtype)
+        ls = ls if ls.ndim == 0 else ls[None, :]  # one per feature: broadcast over the rows
         a, b = a / ls, b / ls
         sq = jnp.sum(a**2, 1)[:, None] + jnp.sum(b**2, 1)[None, :] - 2.0 * a @ b.T
         return p["variance"].astype(a.dtype) * jnp.exp(-0.5 * jnp.clip(sq, 0.0, None))

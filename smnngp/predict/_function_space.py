@@ -184,10 +184,13 @@ def gradient_descent_mse(
             resid = -y_flat if f0 is None else layout.flat(f0) - y_flat
             d_train, d_test = _mse_core(lam, U, pos, rate, resid, kt2, train=f0 is not None)
             lead = t_arr.shape
+            times = (1,) * len(lead)  # the initial outputs broadcast over the time axes, explicitly
             if f0 is not None:
-                train = f0 + layout.unflat(d_train.reshape(lead + d_train.shape[1:]), layout.nontrace_shape)
+                train = (jnp.reshape(f0, times + jnp.shape(f0))
+                         + layout.unflat(d_train.reshape(lead + d_train.shape[1:]), layout.nontrace_shape))
             if ft0 is not None:
-                test = ft0 + layout.unflat(d_test.reshape(lead + d_test.shape[1:]), test_axes)
+                test = (jnp.reshape(ft0, times + jnp.shape(ft0))
+                        + layout.unflat(d_test.reshape(lead + d_test.shape[1:]), test_axes))
         return _select(fx_train_0, fx_test_0, train, test)
 
     return predict_fn
@@ -195,6 +198,7 @@ def gradient_descent_mse(
 
 def _expm1_and_ratio(lam, pos, rate):
     """``expm1(-lam r)`` and ``expm1(-lam r) / lam`` per eigenvalue and time, limits on the null space and at inf."""
+    lam, pos = lam[None, :], pos[None, :]  # (1, P) against the times' rate (T, 1)
     inf = jnp.isinf(rate)
     lam_safe = jnp.where(pos, lam, 1.0)
     z = jnp.where(pos, lam * jnp.where(inf, 0.0, rate), 0.0)

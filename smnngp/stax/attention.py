@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from smnngp._axes import lead
 from smnngp.kernels import Kernel
 from smnngp.stax import masking
 from smnngp.stax._core import Layer, _check_parameterization, _fmt, _single_shape, _std_value
@@ -428,7 +429,7 @@ def GlobalSelfAttention(
         w_pe_ntk = w_pe / W_pe_std**2 if standard else w_pe
 
         def mix(mat, weight_pe=w_pe):
-            return mat if R is None else w_in * mat + weight_pe * R
+            return mat if R is None else w_in * mat + weight_pe * lead(R, mat.ndim)
 
         S11, S12 = mix(cov1), mix(nngp)
         S22 = None if cov2 is None else mix(cov2)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from smnngp._axes import lead
 from smnngp.kernels import Kernel
 from smnngp.stax._core import (
     Layer,
@@ -703,7 +704,7 @@ def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> 
         # One outer node at a time keeps memory at (entries x deg), not deg^2.
         def body(acc, node):
             xi, wi = node
-            inner = f((slope * xi)[..., None] + rest * x) @ w
+            inner = f((slope * xi)[..., None] + rest * lead(x, rest.ndim)) @ w
             return acc + wi * f(scale_u * xi) * inner, None
 
         total, _ = lax.scan(body, jnp.zeros_like(c), (x, w))

@@ -199,7 +199,7 @@ def Aggregate(
                 n, e, ax, end = (int(i[0]) for i in np.nonzero(over))
                 raise ValueError(f"{layer}: edge {e} of graph {n} in {what} has {('tail', 'head')[end]} coordinate "
                                  f"{int(arr[n, e, ax, end])} on aggregated axis {ax}, outside 0..{sizes[ax] - 1}")
-        valid = jnp.all((p >= 0) & (p < size), axis=(2, 3))
+        valid = jnp.all((p >= 0) & (p < size[None, None]), axis=(2, 3))
         strides = np.array([math.prod(sizes[i + 1:]) for i in range(k)], dtype=np.int64)
         flat = jnp.einsum("neks,k->nes", p.astype(jnp.int32), jnp.asarray(strides, jnp.int32))
         n_nodes = math.prod(sizes)
