@@ -171,6 +171,36 @@ def test_monte_carlo_nngp_converges_to_the_infinite_width_kernel():
     assert np.all(np.abs(np.asarray(est) - exact) < 4 * se)
 
 
+def test_monte_carlo_kernel_of_x_against_itself_is_symmetric_when_tiled():
+    """With dropout every tile is a different draw; a tile below the diagonal is the transpose of the one above,
+    so the tiled estimate of K(x, x) is symmetric (predict's factorisations need it)."""
+    from smnngp import stax
+
+    init_fn, apply_fn, _ = stax.serial(stax.Dense(16), stax.Relu(), stax.Dropout(0.7, mode="train"), stax.Dense(2))
+    x = np.random.default_rng(3).standard_normal((5, 3))
+    kfn = E.monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(0), 2, batch_size=2)
+    for k in kfn(x, None, ("nngp", "ntk")):
+        k = np.asarray(k)
+        np.testing.assert_array_equal(k, k.T)
+
+
+def test_vmap_axes_and_same_inputs_in_neural_tangents_spellings():
+    """vmap_axes written as a tuple for a network whose outputs come as a list, and x2 written as a pytree of None
+    (NT's spelling of x2 = x1), give the plain kernel in every implementation."""
+    from smnngp import stax
+
+    init_fn, apply_fn, _ = stax.parallel(stax.Dense(3), stax.Dense(2))
+    rs = np.random.default_rng(4)
+    xs = (rs.standard_normal((3, 4)), rs.standard_normal((3, 5)))
+    _, params = init_fn(jax.random.PRNGKey(1), ((3, 4), (3, 5)))
+    for impl in (1, 2, 3):
+        ref = E.empirical_ntk_fn(apply_fn, implementation=impl)(xs, None, params)
+        got = E.empirical_ntk_fn(apply_fn, implementation=impl, vmap_axes=(0, 0))(xs, (None, None), params)
+        assert isinstance(got, list) and len(got) == 2
+        for g, r in zip(got, ref):
+            assert _rel(g, r) < 1e-12
+
+
 def test_errors_name_the_function():
     f = C.mlp
     with pytest.raises(ValueError, match="empirical_ntk_fn: implementation"):

@@ -156,6 +156,42 @@ def test_ensemble_trace_axes_and_kernel_keywords():
         predict.gradient_descent_mse_ensemble(kf, x, y, flag=1)(1.0, xt, "ntk", flag=2)
 
 
+def test_trace_axes_may_include_the_batch_axis_and_every_axis():
+    """As in neural-tangents: tracing y's batch axis leaves a kernel over the other axes (the law of the transposed
+    problem), tracing every axis a scalar kernel acting on each entry alone, and a repeated axis counts once."""
+    rs = np.random.RandomState(5)
+    a = rs.normal(size=(3, 6))
+    kc = a @ a.T / 6 + 0.1 * np.eye(3)  # a kernel over the C = 3 outputs
+    y, f0 = rs.normal(size=(4, 3)), rs.normal(size=(4, 3))
+    got = predict.gradient_descent_mse(kc, y, trace_axes=(0,))(2.0, f0)
+    want = predict.gradient_descent_mse(kc, y.T, trace_axes=(-1,))(2.0, f0.T).T
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    again = predict.gradient_descent_mse(kc, y, trace_axes=(0, 0, -2))(2.0, f0)
+    np.testing.assert_allclose(again, got, rtol=1e-12)
+    k = 0.7
+    got = predict.gradient_descent_mse(np.asarray(k), y, trace_axes=(0, 1))(2.0, f0)
+    np.testing.assert_allclose(got, y + np.exp(-2.0 * k / y.size) * (f0 - y), rtol=1e-12)
+
+
+def test_ensemble_with_the_batch_axis_traced():
+    from smnngp.empirical import empirical_kernel_fn
+
+    init_fn, apply_fn, _ = stax.serial(stax.Dense(6, W_std=1.3), stax.Relu(), stax.Dense(3))
+    rs = np.random.RandomState(6)
+    x, xt, y = rs.normal(size=(4, 2)), rs.normal(size=(4, 2)), rs.normal(size=(4, 3))
+    _, params = init_fn(jax.random.PRNGKey(0), x.shape)
+    kf = empirical_kernel_fn(apply_fn, trace_axes=(0,))
+    k_dd, k_td = kf(x, None, "ntk", params), kf(xt, x, "ntk", params)
+    assert k_dd.shape == (3, 3)
+    fn = nt_predict.gradient_descent_mse_ensemble(kf, x, y, diag_reg=1e-3, trace_axes=(0,), params=params)
+    got = fn(None, xt, "ntk", params=params)
+    zeros = np.zeros_like(y)
+    _, want = predict.gradient_descent_mse(k_dd, y, diag_reg=1e-3, trace_axes=(0,))(None, zeros, zeros, k_td)
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    with pytest.raises(ValueError, match="as many points as x_train"):
+        fn(None, xt[:2], "ntk", params=params)
+
+
 def test_max_learning_rate_momentum_and_divergence(kernels):
     k = kernels["kdd"]
     lam = np.linalg.eigvalsh(k)[-1]

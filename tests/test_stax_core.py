@@ -101,6 +101,49 @@ def test_batch_matches_the_unbatched_kernel():
                                rtol=1e-13)
 
 
+def test_batch_mirrors_the_tiles_of_a_symmetric_kernel():
+    """With x2=None a tile below the diagonal is the transpose of the one above it: each pair of tiles is computed
+    once, full-spatial Kernels come out exact (every spatial pair swapped), and the rule is not used when the
+    per-point keywords of the two sides differ."""
+    net = conv_net()
+    x = jnp.concatenate([X1, X2])  # 5 points: tiles of 2, 2, 1
+    calls = []
+
+    def counting(x1, x2=None, *args, **kwargs):
+        calls.append(x2 is None)
+        return net[2](x1, x2, *args, **kwargs)
+
+    ref = net[2](x, None)
+    out = batch(counting, batch_size=2)(x, None)
+    assert len(calls) == 6 and sum(calls) == 3  # 3 diagonal tiles, 3 above the diagonal, none below
+    assert out.nngp.shape == ref.nngp.shape == (5, 5, 5, 5, 5, 5)
+    for name in ("nngp", "ntk", "cov1"):
+        np.testing.assert_allclose(getattr(out, name), getattr(ref, name), rtol=1e-12, err_msg=name)
+    assert out.cov2 is None and out.x1_is_x2
+
+    def outer(x1, x2=None, *, w):
+        a, b = w
+        return jnp.outer(a, a if b is None else b)
+
+    w1, w2 = jnp.arange(5.0), jnp.arange(5.0) + 10.0
+    np.testing.assert_array_equal(batch(outer, 2)(x, None, w=(w1, w2)), np.outer(w1, w2))
+    np.testing.assert_array_equal(batch(outer, 2)(x, None, w=(w1, w1)), np.outer(w1, w1))
+
+
+def test_kernel_fn_takes_neural_tangents_layout_keywords():
+    net = stax.serial(stax.Dense(4), stax.Relu(), stax.Dense(1))
+    x = jnp.asarray(RNG.normal(size=(3, 2)))
+    ref = net[2](x, None, "nngp")
+    np.testing.assert_array_equal(net[2](x, None, "nngp", batch_axis=0, channel_axis=-1), ref)
+    np.testing.assert_array_equal(net[2](x, None, "nngp", batch_axis=-2, channel_axis=1), ref)
+    with pytest.raises(ValueError, match=r"batch first and channels last .*batch_axis=1, channel_axis=0"):
+        net[2](x, None, "nngp", batch_axis=1, channel_axis=0)
+    with pytest.raises(ValueError, match="out of range"):
+        net[2](x, None, "nngp", channel_axis=2)
+    with pytest.raises(TypeError, match="batch_axis must be an int"):
+        net[2](x, None, "nngp", batch_axis="0")
+
+
 def test_batch_rejects_bad_arguments():
     net = stax.serial(stax.Dense(4), stax.Relu(), stax.Dense(1))
     with pytest.raises(ValueError, match="batch_size"):

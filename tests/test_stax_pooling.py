@@ -124,7 +124,7 @@ def test_errors_name_the_layer():
     r = jnp.ones((3,))
     _raises(ValueError, r"DotGeneral\(rhs\): the channel axis", S.DotGeneral(
         rhs=r, dimension_numbers=(((3,), (0,)), ((), ())))[2], x)
-    _raises(NotImplementedError, r"DotGeneral\(rhs\): contracting the batch axis", S.DotGeneral(
+    _raises(ValueError, r"DotGeneral\(rhs\): contracting the batch axis", S.DotGeneral(
         rhs=jnp.ones((2,)), dimension_numbers=(((0,), (0,)), ((), ())))[2], x)
     _raises(ValueError, r"DotGeneral\(rhs\): inputs of shape .* do not fit", S.DotGeneral(
         rhs=r, dimension_numbers=(((1,), (0,)), ((), ())))[2], x)

@@ -145,6 +145,26 @@ def tile_kwargs(kwargs: dict, rows, cols, n1: int, n2: int) -> dict:
     return out
 
 
+def symmetric_kwargs(kwargs: dict) -> bool:
+    """Whether every per-point keyword pair ``(for x1, for x2)`` gives x2 what it gives x1 (the same object, or
+    ``None``): then the kernel of ``x`` against itself is symmetric, and a tile below the diagonal is the mirror
+    image of one above it."""
+    return all(not (isinstance(v, tuple | list) and len(v) == 2) or v[1] is None or v[1] is v[0]
+               for v in kwargs.values())
+
+
+def flip_pairs(a, diagonal_spatial: bool = False):
+    """A kernel array of interleaved ``(x1, x2)`` axes, batch pair first, as the kernel of x2 against x1: the
+    batch pair swapped, and every later pair too unless ``diagonal_spatial`` (then the later axes are single)."""
+    if a is None or jnp.ndim(a) < 2:
+        return a
+    order = [1, 0] + list(range(2, a.ndim))
+    if not diagonal_spatial:
+        for s in range(2, a.ndim - 1, 2):
+            order[s], order[s + 1] = s + 1, s
+    return jnp.transpose(a, order)
+
+
 def split_kwargs(kwargs: dict, x1, x2):
     """The keyword arguments of ``f`` on ``x1`` and on ``x2``.
 
@@ -171,6 +191,15 @@ def split_kwargs(kwargs: dict, x1, x2):
     return k1, k2
 
 
+def _like(axis, tree):
+    """``axis`` with its lists and tuples turned into the containers of ``tree`` where the lengths agree (a
+    network's parallel outputs come as a list, its inputs and their axes are often written as tuples)."""
+    if isinstance(axis, list | tuple) and isinstance(tree, list | tuple) and len(axis) == len(tree):
+        items = [_like(a, t) for a, t in zip(axis, tree)]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return axis
+
+
 def canonical_vmap_axes(vmap_axes, x, fx, kwargs):
     """``(x_axis, fx_axis, kw_axes)`` from ``vmap_axes`` (an int, ``None``, or such a triple), as pytrees.
 
@@ -187,6 +216,7 @@ def canonical_vmap_axes(vmap_axes, x, fx, kwargs):
             return None
         if isinstance(axis, (int, np.integer)):
             axis = jax.tree_util.tree_map(lambda _: int(axis), tree)
+        axis = _like(axis, tree)
         return jax.tree_util.tree_map(lambda a, t: int(a) % max(len(jnp.shape(t)), 1), axis, tree)
 
     if isinstance(kw_axes, (int, np.integer)):

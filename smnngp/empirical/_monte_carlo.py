@@ -86,6 +86,7 @@ def monte_carlo_kernel_fn(init_fn: Callable, apply_fn: Callable, key, n_samples,
     group = int(np.ceil(samples_per_call / n_dev) * n_dev)
     per_device = group // n_dev
     emp = empirical_kernel_fn(apply_fn, trace_axes, diagonal_axes, vmap_axes, implementation)
+    diagonal = bool(jax.tree_util.tree_leaves(diagonal_axes))  # kernels with single (not paired) axes
 
     # Per-sample keys in neural-tangents' order: key_{s} from successive splits of the running key.
     keys = []
@@ -151,7 +152,8 @@ def monte_carlo_kernel_fn(init_fn: Callable, apply_fn: Callable, key, n_samples,
             if batch_size == 0:
                 part = tile_sum(done, n, x1, x2, gets, kw, static_kw)
             else:
-                part = _tiled(tile_sum, tiles, done, n, x1, x2, gets, kw, static_kw)
+                part = _tiled(tile_sum, tiles, done, n, x1, x2, gets, kw, static_kw,
+                              mirror=x2 is None and not diagonal and _axes.symmetric_kwargs(kw))
             running_sum = part if running_sum is None else jax.tree_util.tree_map(jnp.add, running_sum, part)
             done = n
             est = dict(zip(gets, (jax.tree_util.tree_map(lambda t, n=n: t / n, v) for v in running_sum)))
@@ -187,17 +189,25 @@ def _is_array_tree(v):
     return bool(leaves) and all(isinstance(t, (jax.Array, np.ndarray)) for t in leaves)
 
 
-def _tiled(tile_sum, tiles, lo, hi, x1, x2, gets, kw, static_kw):
-    """Assemble the kernel tile by tile along the batch axes of ``x1`` and ``x2`` (the first output axes)."""
+def _tiled(tile_sum, tiles, lo, hi, x1, x2, gets, kw, static_kw, mirror: bool = False):
+    """Assemble the kernel tile by tile along the batch axes of ``x1`` and ``x2`` (the first output axes).
+
+    With ``mirror`` (the kernel of x1 against itself, every axis paired) a tile below the diagonal is the
+    transpose of the one above it: computed once, and the estimate is symmetric as K(x, x) is.
+    """
     xb = x1 if x2 is None else x2
     n1, n2 = tiles(x1)[-1][1], tiles(xb)[-1][1]
-    rows = []
-    for a, b in tiles(x1):
+    rows, grid = [], []
+    for i, (a, b) in enumerate(tiles(x1)):
         cols = []
-        for c, d in tiles(xb):
+        for j, (c, d) in enumerate(tiles(xb)):
+            if mirror and j < i:
+                cols.append(jax.tree_util.tree_map(_axes.flip_pairs, grid[j][i]))
+                continue
             s1 = jax.tree_util.tree_map(lambda t, a=a, b=b: t[a:b], x1)
             s2 = jax.tree_util.tree_map(lambda t, c=c, d=d: t[c:d], xb)
             kw_tile = _axes.tile_kwargs(kw, (a, b), (c, d), n1, n2)
             cols.append(tile_sum(lo, hi, s1, s2, gets, kw_tile, static_kw))
+        grid.append(cols)
         rows.append(jax.tree_util.tree_map(lambda *t: jnp.concatenate(t, axis=1), *cols))
     return jax.tree_util.tree_map(lambda *t: jnp.concatenate(t, axis=0), *rows)

@@ -191,6 +191,7 @@ def structured_derivatives_ntk_fn(f, trace_axes, diagonal_axes, vmap_axes):
     """
 
     def ntk_fn(x1, x2, params, **apply_fn_kwargs):
+        x2 = _axes.none_if_empty(x2)
         s = _Setup(f, params, vmap_axes, x1, x2, apply_fn_kwargs)
         leaves, ptree = jax.tree_util.tree_flatten(params)
         n = len(leaves)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from smnngp.empirical._axes import tile_kwargs
+from smnngp.empirical._axes import flip_pairs, symmetric_kwargs, tile_kwargs
 from smnngp.kernels import Kernel
 
 __all__ = ["batch"]
@@ -91,10 +91,16 @@ def batch(kernel_fn: Callable, batch_size: int = 0, device_count: int = -1, stor
         rows = [(s, min(s + b1, n1)) for s in range(0, n1, b1)]
         cols = [(s, min(s + b2, n2)) for s in range(0, n2, b2)]
         traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves((x1_or_kernel, x2)))
+        # K(x, x) is symmetric: with x2=None (and the same per-point keywords on both sides) a tile below the
+        # diagonal is the mirror image of one above it, when the layout of every result is known
+        mirror = same and not from_kernel and symmetric_kwargs(kwargs)
         tiles = []
         for i, r in enumerate(rows):
             row = []
             for j, c in enumerate(cols):
+                if mirror and j < i and rows[j] == cols[j] and rows[i] == cols[i]:
+                    row.append(_mirror(tiles[j][i]))
+                    continue
                 own = same and i == j and rows[i] == cols[j]
                 if from_kernel:
                     a = [_slice_kernel(leaf, r, c, own) if isinstance(leaf, Kernel) else leaf for leaf in leaves1]
@@ -112,10 +118,32 @@ def batch(kernel_fn: Callable, batch_size: int = 0, device_count: int = -1, stor
                     # the tiles meet on one device (the first, or the CPU) to be put together
                     out = jax.device_put(out, devices[0] if store_on_device else cpu)
                 row.append(out)
+                if i == 0 and j == 0:
+                    mirror = mirror and _mirrorable(out)
             tiles.append(row)
         return _assemble(tiles, same, n1, n2)
 
     return batched
+
+
+def _mirrorable(result) -> bool:
+    """Whether the transpose of every part of a tile's result is known: Kernels, and arrays of at most 2 axes."""
+    return all(leaf is None or isinstance(leaf, Kernel) or jnp.ndim(leaf) <= 2
+               for leaf in jax.tree_util.tree_leaves(result, is_leaf=_is_kernel))
+
+
+def _mirror(result):
+    """The result of the transposed tile: (x2 tile, x1 tile) from (x1 tile, x2 tile)."""
+
+    def flip(leaf):
+        if isinstance(leaf, Kernel):
+            return leaf.replace(nngp=flip_pairs(leaf.nngp, leaf.diagonal_spatial),
+                                ntk=flip_pairs(leaf.ntk, leaf.diagonal_spatial),
+                                cov1=leaf.cov2, cov2=leaf.cov1, mask1=leaf.mask2, mask2=leaf.mask1,
+                                shape1=leaf.shape2, shape2=leaf.shape1)
+        return leaf if leaf is None or jnp.ndim(leaf) < 2 else jnp.swapaxes(leaf, 0, 1)
+
+    return jax.tree_util.tree_map(flip, result, is_leaf=_is_kernel)
 
 
 def _is_kernel(x) -> bool:

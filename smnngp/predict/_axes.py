@@ -20,6 +20,9 @@ from smnngp._axes import canonical_axes
 def canonical_trace_axes(trace_axes, ndim: int, where: str) -> tuple[int, ...]:
     """``trace_axes`` as sorted non-negative axes of an ``ndim``-dimensional target array.
 
+    As in neural-tangents, a repeated axis counts once, and any axes may be traced, the batch axis and all of
+    them included: the kernel then acts on the remaining axes (a scalar kernel when none remains).
+
     Args:
         trace_axes: an int or a sequence of ints, negative ones counted from the end.
         ndim: number of axes of the targets.
@@ -30,15 +33,9 @@ def canonical_trace_axes(trace_axes, ndim: int, where: str) -> tuple[int, ...]:
 
     Raises:
         TypeError: if an axis is not an int.
-        ValueError: if an axis is out of range, repeated, or the axes leave no axis for the kernel.
+        ValueError: if an axis is out of range.
     """
-    out = canonical_axes(trace_axes, ndim, where, "trace", repeats="raise")
-    if len(out) == ndim:
-        raise ValueError(
-            f"{where}: trace_axes {trace_axes!r} covers every axis of y_train (ndim {ndim}); the kernel needs at least "
-            f"the batch axis"
-        )
-    return out
+    return canonical_axes(trace_axes, ndim, where, "trace", repeats="merge")
 
 
 class OutputLayout(NamedTuple):

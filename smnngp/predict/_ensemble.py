@@ -277,8 +277,6 @@ def gradient_descent_mse_ensemble(
     squeeze = y_train.ndim == 1 and default_trace
     y2 = y_train[:, None] if squeeze else y_train
     layout = OutputLayout.of(y2.shape, (1,) if squeeze else trace_axes, where)
-    if 0 in layout.trace:
-        raise ValueError(f"{where}: trace_axes {trace_axes!r} includes the batch axis 0 of y_train")
     train_axes = layout.nontrace_shape
     n_train, n_norm = layout.n_kernel, y2.size
     train_kw = dict(kernel_fn_train_train_kwargs)
@@ -326,7 +324,14 @@ def gradient_descent_mse_ensemble(
         test = None
         test_axes = train_axes
         if x_test is not None:
-            test_axes = (x_test.shape[0],) + train_axes[1:]
+            if 0 in layout.trace:  # the examples are independent outputs: the test set must line up with them
+                if x_test.shape[0] != y2.shape[0]:
+                    raise ValueError(
+                        f"predict_fn: trace_axes {trace_axes!r} trace the batch axis of y_train, so x_test must "
+                        f"have as many points as x_train ({y2.shape[0]}), got {x_test.shape[0]}"
+                    )
+            else:
+                test_axes = (x_test.shape[0],) + train_axes[1:]
             kw_td, kw_tt = _split_kernel_kwargs(train_kw, kernel_fn_test_test_kwargs, where)
             want = sorted(set(names) | ({"nngp"} if compute_cov else set()))
             k_td = kernels(x_test, x_train, want, kw_td)

@@ -418,9 +418,31 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
     return [assemble(k) for k in out] if isinstance(out, list) else assemble(out)
 
 
+def _check_input_layout(name: str, x1, batch_axis, channel_axis) -> None:
+    """Refuse an input layout other than batch first, channels last (the arrays of ``x1``; Kernels carry theirs)."""
+    for axis, label in ((batch_axis, "batch_axis"), (channel_axis, "channel_axis")):
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"kernel_fn of {name}: {label} must be an int, got {axis!r}")
+    arrays = [leaf for leaf in jax.tree_util.tree_leaves(x1, is_leaf=lambda t: isinstance(t, Kernel))
+              if not isinstance(leaf, Kernel)]
+    for a in arrays:
+        ndim = jnp.ndim(a)
+        if ndim < 2:
+            continue  # the shape check names what is wrong
+        if not (-ndim <= batch_axis < ndim and -ndim <= channel_axis < ndim):
+            raise ValueError(f"kernel_fn of {name}: batch_axis {batch_axis} or channel_axis {channel_axis} is out "
+                             f"of range for inputs of shape {tuple(jnp.shape(a))}")
+        if batch_axis % ndim != 0 or channel_axis % ndim != ndim - 1:
+            raise ValueError(
+                f"kernel_fn of {name}: inputs must be batch first and channels last (batch_axis=0, "
+                f"channel_axis=-1), got batch_axis={batch_axis}, channel_axis={channel_axis} for inputs of shape "
+                f"{tuple(jnp.shape(a))}; move the axes with jnp.moveaxis"
+            )
+
+
 def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, layout):
     def kernel_fn(x1, x2=None, get=None, *, pattern=None, diagonal_batch=None, diagonal_spatial=None,
-                  mask_constant=None, **unused):
+                  mask_constant=None, batch_axis=0, channel_axis=-1, **unused):
         """The infinite-width kernel of the layer (see `smnngp.stax`).
 
         ``diagonal_spatial=True`` returns the covariances of same positions only
@@ -431,6 +453,9 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         ``pattern=(pattern1, pattern2)`` goes to graph layers (`Aggregate`).
         ``mask_constant=c`` masks the input entries equal to ``c`` (see
         `smnngp.stax.masking`); the returned `Kernel` keeps the masks.
+        ``batch_axis`` and ``channel_axis`` (neural-tangents' keywords) name the
+        input layout; smnngp takes inputs batch first and channels last, the only
+        values accepted (move other layouts with ``jnp.moveaxis``).
         """
         if unused:
             raise TypeError(f"kernel_fn of {name}: unexpected keyword arguments {sorted(unused)}")
@@ -440,6 +465,7 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
                 raise TypeError(f"kernel_fn of {name}: {flag} must be True, False or None, got {value!r}")
         diag_spatial = bool(diagonal_spatial)
         layer_kwargs = {} if pattern is None else {"pattern": pattern}
+        _check_input_layout(name, x1, batch_axis, channel_axis)
         if isinstance(x1, Kernel):
             k = _apply_to_kernel(name, kernel_map, needs_full, x1, x2, layer_kwargs)
             return _finish(k, get, names, diag_spatial, None)

@@ -363,8 +363,10 @@ def DotGeneral(
             raise ValueError(f"{layer}: the channel axis {c} cannot be a contracting or batch dimension (it is "
                              f"infinitely wide in the kernel)")
         if b in ics:
-            raise NotImplementedError(f"{layer}: contracting the batch axis {b} mixes the points, which the kernel "
-                                      f"cannot follow (it keeps single-point variances)")
+            # ValueError, as neural-tangents for kernels of single-point variances (diagonal_batch=True, the only
+            # kind smnngp carries)
+            raise ValueError(f"{layer}: contracting the batch axis {b} mixes the points, which the kernel cannot "
+                             f"follow (it keeps single-point variances, diagonal_batch=True)")
         in_free = [("in", a) for a in range(ndim) if a not in ics + ibs]
         other_free = [("other", j) for j in range(n_other) if j not in ocs + obs]
         order = [("in", a) for a in ibs] + (other_free + in_free if is_lhs else in_free + other_free)
