@@ -15,8 +15,9 @@ issue 29, and Jacobian contraction for reference), ``jit``-compiled.
 As in ``benchmarks/kernels.py`` (whose process and report helpers this script uses), each (library,
 implementation) runs in a fresh process: ours here, neural-tangents in the oracle environment at
 ``SMNNGP_ORACLE_VENV`` (default ``.venv-oracle``). The parent draws the images and the weights once (with
-`smnngp.stax`'s ``init_fn``; the two libraries' ``serial`` derive per-layer keys differently) and both workers
-load the same leaves into their own parameter structure, so the kernels must agree, which the parent checks.
+`smnngp.stax`'s ``init_fn``, which draws neural-tangents' parameters bit for bit; drawing once keeps the two
+workers independent of either library's key handling) and both workers load the same leaves into their own
+parameter structure, so the kernels must agree, which the parent checks.
 The first call (trace + compile + run) and the best steady-state call are reported apart, with ratios
 ours / neural-tangents (below 1: we are faster), and written to ``benchmarks/results/empirical_ntk.json``.
 """
