@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from smnngp.empirical import _axes
+from smnngp.empirical._setup import _out_leaves_and_axes, _Setup
+from smnngp.empirical._structured import structured_derivatives_ntk_fn
 
 __all__ = [
     "NtkImplementation",
@@ -166,54 +168,6 @@ def empirical_nngp_fn(f: Callable, trace_axes=(-1,), diagonal_axes=()) -> Callab
             lambda a, b: _axes.pair_contract(a, b, trace_axes, diagonal_axes, a.ndim), out1, out2)
 
     return nngp_fn
-
-
-# ----------------------------------------------------------------------------------------------- shared plumbing
-
-
-class _Setup:
-    """Shapes, split keyword arguments and vmap axes of one NTK call.
-
-    ``side(x, kw)`` returns the parameter function ``p -> f(p, x, **kw)`` (for one example when ``vmap_axes``
-    is given: the size-1 example axis is inserted into ``x`` and the keyword arrays, and removed from the
-    outputs).
-    """
-
-    def __init__(self, f, params, vmap_axes, x1, x2, apply_fn_kwargs):
-        self.f = f
-        self.kw1, self.kw2 = _axes.split_kwargs(apply_fn_kwargs, x1, x2)
-        self.fx1 = jax.eval_shape(lambda p: f(p, x1, **self.kw1), params)
-        self.fx2 = self.fx1 if x2 is None else jax.eval_shape(lambda p: f(p, x2, **self.kw2), params)
-        self.x_axis, self.fx_axis, self.kw_axes = _axes.canonical_vmap_axes(vmap_axes, x1, self.fx1, self.kw1)
-        self.vmapped = self.x_axis is not None or bool(self.kw_axes)
-        if self.vmapped and self.fx_axis is None:
-            raise ValueError("empirical_ntk_fn: vmap_axes needs an output axis (out_axes) when it maps inputs")
-        self.keys = tuple(apply_fn_kwargs)
-
-    def side(self, x, kw: dict):
-        if self.vmapped:
-            x = _axes.expand(x, self.x_axis)
-            kw = {k: (_axes.expand(v, self.kw_axes[k]) if k in self.kw_axes else v) for k, v in kw.items()}
-
-        def fp(p):
-            out = self.f(p, x, **kw)
-            return _axes.squeeze(out, self.fx_axis) if self.vmapped else out
-
-        return fp
-
-    def in_axes(self):
-        """vmap in_axes for ``(x, *kwarg values in self.keys order)``."""
-        return [self.x_axis] + [self.kw_axes.get(k) for k in self.keys]
-
-    def args(self, kw):
-        return [kw[k] for k in self.keys]
-
-
-def _out_leaves_and_axes(setup):
-    leaves1 = jax.tree_util.tree_leaves(setup.fx1)
-    leaves2 = jax.tree_util.tree_leaves(setup.fx2)
-    axes = (jax.tree_util.tree_leaves(setup.fx_axis) if setup.vmapped else [None] * len(leaves1))
-    return leaves1, leaves2, axes
 
 
 # ----------------------------------------------------------------------------------------------- Jacobian contraction
@@ -353,16 +307,10 @@ def _lowered_flops(fn, x1, x2, params, kw) -> float:
 # ----------------------------------------------------------------------------------------------- public API
 
 
-def _structured(f, trace_axes, diagonal_axes, vmap_axes):
-    from smnngp.empirical._structured import structured_derivatives_ntk_fn
-
-    return structured_derivatives_ntk_fn(f, trace_axes, diagonal_axes, vmap_axes)
-
-
 _IMPLEMENTATIONS = {
     NtkImplementation.JACOBIAN_CONTRACTION: _jacobian_contraction_ntk_fn,
     NtkImplementation.NTK_VECTOR_PRODUCTS: _ntk_vector_products_ntk_fn,
-    NtkImplementation.STRUCTURED_DERIVATIVES: _structured,
+    NtkImplementation.STRUCTURED_DERIVATIVES: structured_derivatives_ntk_fn,
     NtkImplementation.AUTO: _auto_ntk_fn,
 }
 

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from smnngp.empirical import _axes
-from smnngp.empirical._kernels import _Setup
+from smnngp.empirical._setup import _Setup
 
 __all__ = ["structured_derivatives_ntk_fn"]
 
