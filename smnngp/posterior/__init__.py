@@ -50,24 +50,26 @@ mixed-precision and matrix-free paths, `dense_copies`, `MIXED_CG`).
 """
 
 # isort: off
-# source order of the pieces (each imports only the ones above it)
+# in the source order of the module before the split (the API page lists the members in this order)
+from smnngp.posterior._from_kernels import SmallESSWarning
 from smnngp.posterior._evaluators import as_kernel_callable
 from smnngp.posterior._marginal import (
+    student_t_log_ml as student_t_log_ml,
     gaussian_log_ml as gaussian_log_ml,
     scaled_log_weights as scaled_log_weights,
-    student_t_log_ml as student_t_log_ml,
     unscaled_log_weights as unscaled_log_weights,
 )
+from smnngp.posterior._from_kernels import log_marginal_likelihood
 from smnngp.posterior._mixture import GaussianMixture, interval
-from smnngp.posterior._posteriors import GaussianPosterior, ImportancePosterior, Posterior, StudentTPosterior
-from smnngp.posterior._from_kernels import SmallESSWarning, fit_from_kernels, log_marginal_likelihood
+from smnngp.posterior._posteriors import Posterior, GaussianPosterior, StudentTPosterior, ImportancePosterior
 from smnngp.posterior._fit import (
+    fit,
     DENSE_COPIES as DENSE_COPIES,
     DENSE_COPIES_UNSCALED as DENSE_COPIES_UNSCALED,
-    MIXED_CG as MIXED_CG,
     dense_copies as dense_copies,
-    fit,
+    MIXED_CG as MIXED_CG,
 )
+from smnngp.posterior._from_kernels import fit_from_kernels
 # isort: on
 # names of the module before the split that tests and benchmarks reach for (not in __all__)
 import numpyro.distributions as dist  # noqa: F401

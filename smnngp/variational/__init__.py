@@ -91,11 +91,11 @@ before it in this list.
 """
 
 # isort: off
-# source order of the pieces (each imports only the ones above it)
-from smnngp.variational._likelihoods import Bernoulli, Gaussian, Softmax
-from smnngp.variational._model import Model, Params, init, svgp, svtp
-from smnngp.variational._elbo import elbo, expected_log_likelihood, kl_divergence, scale_posterior
-from smnngp.variational._predict import predict, predict_f, sample_f
+# in the source order of the module before the split (the API page lists the members in this order)
+from smnngp.variational._likelihoods import Softmax, Bernoulli, Gaussian
+from smnngp.variational._model import Model, Params, svgp, svtp, init
+from smnngp.variational._elbo import scale_posterior, kl_divergence, expected_log_likelihood, elbo
+from smnngp.variational._predict import predict_f, predict, sample_f
 from smnngp.variational._inducing import stratified_inducing
 from smnngp.variational._posterior import VariationalPosterior, as_posterior
 from smnngp.variational._training import FitResult, fit
