@@ -2,7 +2,8 @@
 
 * `empirical_nngp_fn`, `empirical_ntk_fn`, `empirical_kernel_fn`, `empirical_ntk_vp_fn`, `NtkImplementation`
   (Jacobian contraction, NTK-vector products, structured derivatives, AUTO), `linearize`, `taylor_expand`:
-  `smnngp.empirical._kernels` and `smnngp.empirical._structured`;
+  `smnngp.empirical._kernels` and `smnngp.empirical._structured`, over the per-call setup both share
+  (`smnngp.empirical._setup`: the sides' keyword arguments, output shapes and vmap axes);
 * `monte_carlo_kernel_fn`: `smnngp.empirical._monte_carlo`;
 * `sample_outputs`, `monte_carlo_nngp`, `empirical_ntk`: smnngp's own convergence helpers
   (`smnngp.empirical._sampling`).
