@@ -9,8 +9,9 @@ import warnings
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_experiment(*args, timeout=450, retries=1) -> subprocess.CompletedProcess:
+def run_experiment(*args, timeout=450, retries=1, module="experiments") -> subprocess.CompletedProcess:
     """``python -m experiments *args`` in a subprocess (matplotlib headless); returns the finished process.
+    ``module`` runs another entry point the same way (``tests._testdata``: the command line on stand-in data).
 
     The child runs with Python's fault handler on and its stdin closed (an xdist worker's stdin is its channel to
     the controller). If it runs past ``timeout`` seconds (the quick modes take well under a minute alone, up to
@@ -21,10 +22,10 @@ def run_experiment(*args, timeout=450, retries=1) -> subprocess.CompletedProcess
     same command alone, beside a loaded core, and replaying the same worker's test sequence took about 20 s each;
     the stacks say where the next one stops."""
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONFAULTHANDLER="1")
-    command = f"python -m experiments {' '.join(args)}"
+    command = f"python -m {module} {' '.join(args)}"
     attempt = 0
     while True:
-        with subprocess.Popen([sys.executable, "-m", "experiments", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
+        with subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
             try:
                 out, err = proc.communicate(timeout=timeout)

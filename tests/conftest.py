@@ -55,3 +55,23 @@ def _release_compiled_programs():
     yield
     if _mapped_regions() > MAX_MAPPINGS:
         jax.clear_caches()
+
+
+# Tests that read a registered data set are marked `@pytest.mark.needs_data("yacht", ...)`. Before such a test runs,
+# each set is looked up as the registry does ($SMNNGP_DATA_DIR, the cache, a download); one that cannot be had
+# skips the test with a one-line reason (shown by `-rs`, in the default options), or fails it when
+# SMNNGP_REQUIRE_DATA=1 (.ci/run, which has ../shared/data). tests/_testdata.py holds the guard and the stand-ins.
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "needs_data(*names): reads the named registered data sets; skipped when they cannot be had (not in "
+        "$SMNNGP_DATA_DIR nor the cache, download failing), failed instead under SMNNGP_REQUIRE_DATA=1",
+    )
+
+
+def pytest_runtest_setup(item):
+    names = [name for mark in item.iter_markers("needs_data") for name in mark.args]
+    if names:
+        import _testdata
+
+        _testdata.require(dict.fromkeys(names))

@@ -8,12 +8,16 @@ import functools
 import hashlib
 import http.server
 import os
+import re
 import shutil
+import subprocess
+import sys
 import threading
 import types
 import zipfile
 from pathlib import Path
 
+import _testdata
 import numpy as np
 import pytest
 
@@ -49,10 +53,19 @@ def _find_shared_data() -> Path | None:
 
 
 SHARED = _find_shared_data()  # resolved at import, before any test's monkeypatch unsets the variable
-needs_data = pytest.mark.skipif(
-    SHARED is None,
-    reason="real data not found: set SMNNGP_DATA_DIR to the shared data folder (CI uses ../shared/data)",
-)
+
+
+@pytest.fixture
+def _shared_folder():
+    """The tests below read the shared data folder itself (not the cache): without it they skip, or fail under
+    SMNNGP_REQUIRE_DATA=1, as the needs_data marker does (tests/_testdata.py)."""
+    if SHARED is None:
+        _testdata.skip_or_fail("needs the real data folder (the layout of ../shared/data, e.g. uci/yacht/data.txt): "
+                               "set SMNNGP_DATA_DIR to it (CI uses ../shared/data)")
+    return SHARED
+
+
+needs_data = pytest.mark.usefixtures("_shared_folder")
 
 
 def _sha(path: Path) -> str:
@@ -103,6 +116,8 @@ def env(monkeypatch, tmp_path, server):
     monkeypatch.delenv("SMNNGP_DATA_DIR", raising=False)
     for source in data.BASE_URLS:
         monkeypatch.setenv("SMNNGP_DATA_URL_" + source.upper(), server.url + "/")
+    # straight to the local server, also where http(s)_proxy is set (urllib honours no_proxy, the lower-case first)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
     return cache
 
 
@@ -512,11 +527,107 @@ def test_is_available_checks_data_dir_and_cache(env, tmp_path, monkeypatch):
     assert data.available_image_sets()[0] == "digits"
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# available(), and the needs_data guard of the test suite (tests/_testdata.py); the download function is replaced
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """An empty SMNNGP_DATA_DIR and cache, every download refused (the URLs asked for are listed), no
+    SMNNGP_REQUIRE_DATA, and the guard's memory of earlier answers cleared."""
+    (tmp_path / "mirror").mkdir()
+    monkeypatch.setenv("SMNNGP_DATA_DIR", str(tmp_path / "mirror"))
+    monkeypatch.setenv("SMNNGP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(_testdata.REQUIRE_ENV, raising=False)
+    asked: list[str] = []
+
+    def refuse(f, url, dest, target):
+        asked.append(url)
+        raise data.DownloadError(f"could not download {f.path} from {url}: the network is blocked by this test")
+
+    monkeypatch.setattr(data.registry, "_http_get", refuse)
+    monkeypatch.setattr(_testdata, "_answers", {})
+    monkeypatch.setattr(_testdata, "_failed_sources", set())
+    return asked
+
+
+def _tiny_set(monkeypatch, content: bytes) -> None:
+    """Register a one-file set 'tiny' whose checksum is that of ``content``."""
+    f = data.DataFile("tiny/t.txt", "uci", "t.txt", hashlib.sha256(content).hexdigest(), lambda p: p.read_bytes())
+    monkeypatch.setitem(data.registry._DATASETS, "tiny", data.registry.single_file_dataset("tiny", "", f))
+
+
+def test_available_is_false_only_when_a_download_fails(offline, monkeypatch, tmp_path):
+    assert data.available("yacht") is False and len(offline) == 1  # stops at the first file it cannot have
+    _tiny_set(monkeypatch, b"1 2\n")
+    assert not data.available("tiny")
+    (tmp_path / "mirror" / "tiny").mkdir()
+    (tmp_path / "mirror" / "tiny" / "t.txt").write_bytes(b"1 2\n")
+    assert data.available("tiny") and len(offline) == 2  # read from the mirror, nothing downloaded
+    (tmp_path / "mirror" / "tiny" / "t.txt").write_bytes(b"1 3\n")
+    with pytest.raises(data.ChecksumError):  # a corrupt mirror is a fault to see, not an absence
+        data.available("tiny")
+    (tmp_path / "mirror" / "tiny" / "t.txt").unlink()
+
+    def serve(f, url, dest, target):
+        dest.write_bytes(b"1 2\n")
+        return hashlib.sha256(b"1 2\n").hexdigest()
+
+    monkeypatch.setattr(data.registry, "_http_get", serve)
+    assert data.available("tiny") and (tmp_path / "cache" / "tiny" / "t.txt").read_bytes() == b"1 2\n"
+
+
+def test_needs_data_skips_naming_the_set_and_the_way_to_enable_it(offline):
+    with pytest.raises(pytest.skip.Exception) as info:
+        _testdata.require(["yacht", "cascaded-tanks"])
+    message = str(info.value)
+    assert message.startswith("needs data set yacht, cascaded-tanks: not in $SMNNGP_DATA_DIR") and "\n" not in message
+    assert "set SMNNGP_DATA_DIR to a copy of the data" in message and "allow network access" in message
+    asked = len(offline)
+    # the UCI source failed for yacht: boston, from the same source, is not tried again (one timeout offline)
+    assert _testdata.missing(["boston"]) == ["boston"] and len(offline) == asked
+
+
+def test_needs_data_fails_under_require_data(offline, monkeypatch):
+    monkeypatch.setenv(_testdata.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="SMNNGP_REQUIRE_DATA=1, but the test needs data set yacht: "):
+        _testdata.require(["yacht"])
+    monkeypatch.setenv(_testdata.REQUIRE_ENV, "0")  # 0 is off
+    with pytest.raises(pytest.skip.Exception):
+        _testdata.require(["yacht"])
+
+
+def test_needs_data_marker_in_a_pytest_run_of_its_own(tmp_path):
+    """The marker wired through tests/conftest.py: with an empty mirror and cache and downloads refused, the test is
+    skipped and the -rs summary gives the reason; under SMNNGP_REQUIRE_DATA=1 the run fails on it."""
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -rs\n")
+    (tmp_path / "test_inner.py").write_text(
+        "import pytest\n"
+        "import experiments.data.registry as registry\n\n\n"
+        "def refuse(f, url, dest, target):\n"
+        "    raise registry.DownloadError('the network is blocked by this test')\n\n\n"
+        "registry._http_get = refuse\n\n\n"
+        "@pytest.mark.needs_data('yacht')\n"
+        "def test_reads_yacht():\n"
+        "    pass\n")
+    (tmp_path / "mirror").mkdir()
+    env = dict(os.environ, SMNNGP_DATA_DIR=str(tmp_path / "mirror"), SMNNGP_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    env.pop(_testdata.REQUIRE_ENV, None)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "test_inner.py"]
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "1 skipped" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"SKIPPED \[1\] test_inner.py:\d+: needs data set yacht: .*SMNNGP_DATA_DIR", run.stdout)
+    env[_testdata.REQUIRE_ENV] = "1"
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # failed in its setup, which pytest counts as an error: the run's exit status is 1 as for a failed test
+    assert run.returncode == 1 and "1 error" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "SMNNGP_REQUIRE_DATA=1, but the test needs data set yacht" in run.stdout
+
+
 @needs_data
 def test_command_line_and_import_without_it():
-    import subprocess
-    import sys
-
     env = dict(os.environ, SMNNGP_DATA_DIR=str(SHARED), SMNNGP_DATA_URL_UCI="http://127.0.0.1:1")
     run = subprocess.run([sys.executable, "-m", "experiments.data", "yacht"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)

@@ -87,7 +87,8 @@ def test_memory_plan_of_a_solve_with_the_factor_on_a_cpu():
     0.12's plan of the one LAPACK call had 1.0 N^2 of temporaries (the transposed factor), so there the solve is
     by blocks (0.07); jaxlib 0.10's LAPACK call reads the factor in place (0)."""
     if jax.local_devices()[0].platform != "cpu":
-        pytest.skip("the CPU plan is what is asserted")
+        pytest.skip(f"CPU only: asserts the CPU's memory plan, and this process runs on "
+                    f"{jax.local_devices()[0].platform} (no oracle, data or GPU needed)")
     n = 8192
     L = jax.ShapeDtypeStruct((n, n), jnp.float64)
     b = jax.ShapeDtypeStruct((n,), jnp.float64)
@@ -187,7 +188,8 @@ def test_memory_plan_of_the_dense_fit_on_a_cpu(store, bound):
     this replaced planned 1.63 (jaxlib 0.10, products computed first), 1.36 (0.10, chunks tied by a data
     dependence) and 3.02 (0.12, which rewrote that tie and copied the matrix at every chunk)."""
     if jax.local_devices()[0].platform != "cpu":
-        pytest.skip("the CPU plan is what is asserted (accelerators: docs/scaling.md)")
+        pytest.skip(f"CPU only: asserts the CPU's memory plan, and this process runs on "
+                    f"{jax.local_devices()[0].platform} (accelerators' plans: docs/scaling.md)")
     n = 2048
     fn, params = matfree._split_kernel(RBF)
     x = jax.ShapeDtypeStruct((n, 3), jnp.float64)

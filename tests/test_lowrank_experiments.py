@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from _cli import run_experiment as _run
 
 
@@ -26,13 +27,8 @@ def test_lowrank_toy_quick_and_resume(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["results"]["cells"] == cells
 
 
+@pytest.mark.needs_data("pm25-beijing", "pm25-guangzhou")
 def test_lowrank_pm25_quick(tmp_path):
-    import pytest
-
-    from experiments.data import is_available
-
-    if not (is_available("pm25-beijing") and is_available("pm25-guangzhou")):
-        pytest.skip("PM2.5 files not available (set SMNNGP_DATA_DIR)")
     res = _run("lowrank-pm25", "--quick", "--quiet", "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "results.json").read_text())["results"]["summary"]

@@ -28,6 +28,8 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+# registered data sets a notebook reads (the others generate their data or use scikit-learn's bundled digits)
+NOTEBOOK_DATA = {"06_cascaded_tanks.ipynb": ("cascaded-tanks",)}
 KERNEL_NAME = "smnngp-test-python3"
 CELL_TIMEOUT_S = 600
 
@@ -59,7 +61,8 @@ def _failing_cell(nb) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.needs_data(*NOTEBOOK_DATA.get(p.name, ())))
+                                  for p in NOTEBOOKS], ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, kernel_dir: Path, tmp_path: Path):
     copy = tmp_path / path.name
     shutil.copyfile(path, copy)

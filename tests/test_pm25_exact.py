@@ -8,12 +8,7 @@ import numpy as np
 import pytest
 from _cli import run_experiment as _run
 
-from experiments.data import is_available
-
-needs_pm25 = pytest.mark.skipif(
-    not (is_available("pm25-beijing") and is_available("pm25-guangzhou")),
-    reason="PM2.5 files not available: set SMNNGP_DATA_DIR to the shared data folder",
-)
+needs_pm25 = pytest.mark.needs_data("pm25-beijing", "pm25-guangzhou")  # tests/conftest.py: skip or fail without them
 
 # sha256 of every array of pm25_forecasting() (dtype name, then bytes, in field order), computed with the code
 # before the split and scaling moved into the helper pm25_city_forecasting shares (commit 8358786)

@@ -14,7 +14,8 @@ data set (no command line involved).
 
 Registry API: ``DATASET_NAMES``, ``get_dataset(name) -> Dataset``, ``fetch(name, filename) -> Path`` (a
 verified local path), ``read(name, filename)`` (one parsed file), ``load(name)`` (the whole set, as its family
-builds it), ``is_available(name)`` (present locally, no download needed). ``python -m experiments.data
+builds it), ``is_available(name)`` (present locally, no download needed), ``available(name)`` (present or downloadable
+now; False, not an error, when the download fails). ``python -m experiments.data
 [NAME...]`` fetches and verifies every file of the named (default: all, several GB with the image sets) sets.
 """
 
@@ -47,6 +48,7 @@ from experiments.data.registry import (
     DataFile,
     Dataset,
     DownloadError,
+    available,
     cache_dir,
     checksums,
     data_dir,
@@ -108,6 +110,7 @@ __all__ = [
     "RawImages",
     "Standardizer",
     "UCIData",
+    "available",
     "available_image_sets",
     "cache_dir",
     "checksums",

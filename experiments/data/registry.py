@@ -362,6 +362,21 @@ def is_available(name: str) -> bool:
     )
 
 
+def available(name: str) -> bool:
+    """Whether data set ``name`` can be had on this machine: every file is in ``$SMNNGP_DATA_DIR`` or the cache,
+    or downloads now (and is then cached), each checksum-verified as `fetch_file` does. False when a download
+    fails (`DownloadError`: no network, the source unreachable); the other `DataError`s (a corrupt file in the
+    mirror, a download whose SHA-256 differs from the registered one, a file without a checksum) propagate, as
+    they are faults to fix, not an absence. Unlike `is_available`, which only looks for the files, this may
+    download. The test suite's ``needs_data`` marker skips a test on False (tests/conftest.py)."""
+    try:
+        for f in get_dataset(name).files.values():
+            fetch_file(f)
+    except DownloadError:
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------------------------------------------
 # the checksum table and the registry itself
 
