@@ -56,12 +56,9 @@ def _enable_compilation_cache() -> str | None:
     where = os.environ.get("SMNNGP_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "smnngp", "jax"))
     if where.lower() in ("off", "0", "none", ""):
         return None
-    import jax
+    from smnngp._compilation_cache import enable_compilation_cache
 
-    os.makedirs(where, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", where)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    return where
+    return enable_compilation_cache(where, min_compile_time_secs=1.0)
 
 
 def main(argv=None) -> int:

@@ -21,11 +21,29 @@ if os.environ.get("SMNNGP_TEST_XLA_DEFAULT") != "1" and "xla_backend_optimizatio
 # tests start (experiments, notebook kernels, multi-process tests, the docs build, benchmarks) runs under it too.
 os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 
+# XLA's persistent compilation cache (issue 40, a lever on the suite's time, being measured): with
+# SMNNGP_TEST_COMPILATION_CACHE=1 every compiled program, however quick to compile, is kept on disk under
+# $SMNNGP_TEST_COMPILATION_CACHE_DIR (default ~/.cache/smnngp/jax-tests), shared by the xdist workers and by later
+# runs; the key holds JAX's version, the backend and the XLA flags, so runs on other Pythons or JAX versions keep
+# apart. The environment carries it to the subprocesses the tests start (read when they import JAX); this process
+# may have imported JAX already (a plugin), so it is switched on below as well. The benchmarks' workers drop it.
+TEST_CACHE = None
+if os.environ.get("SMNNGP_TEST_COMPILATION_CACHE") == "1":
+    TEST_CACHE = os.environ.get("SMNNGP_TEST_COMPILATION_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "smnngp", "jax-tests")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = TEST_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")  # implicit rank promotion is an error (see above)
+if TEST_CACHE is not None:
+    from smnngp._compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache(TEST_CACHE, min_compile_time_secs=0.0)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
