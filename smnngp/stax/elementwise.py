@@ -97,8 +97,12 @@ def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | Non
         ntk = None if k.ntk is None else k.ntk * dot
         return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=False)
 
-    return Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full, symmetric,
-                 masking=MaskRule(remask=remask))
+    layer = Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full, symmetric,
+                  masking=MaskRule(remask=remask))
+    # The bivariate moments and phi itself, for engines that pair two different Gaussians (smnngp.traced).
+    layer.moments = moments
+    layer.activation = fn
+    return layer
 
 
 def _safe_sqrt(x):
@@ -663,6 +667,32 @@ def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
     return _activation(f"Gaussian({_fmt(a)}, {_fmt(b)})", fn, moments)
 
 
+def gauss_hermite_2d(f1: Callable, f2: Callable, c, v1, v2, deg: int):
+    """E[f1(u) f2(v)] for (u, v) centred Gaussian with variances ``v1``, ``v2`` and covariance ``c``, by
+    ``deg``-point Gauss-Hermite quadrature in each dimension (arrays broadcast together).
+
+    (u, v) = (sqrt(2 v1) x, c sqrt(2 / v1) x + sqrt(2 (v2 - c^2 / v1)) y), x and y the Hermite nodes (the
+    Cholesky factor of the 2x2 covariance); memory grows as (entries x deg), one outer node at a time.
+    """
+    nodes, weights = np.polynomial.hermite.hermgauss(int(deg))
+    dtype = jnp.result_type(c, v1, v2)
+    x = jnp.asarray(nodes, dtype)
+    w = jnp.asarray(weights, dtype)
+    c, v1, v2 = jnp.broadcast_arrays(c, v1, v2)
+    safe_v1 = jnp.maximum(v1, jnp.finfo(dtype).tiny)
+    scale_u = jnp.sqrt(2 * v1)
+    slope = c * jnp.sqrt(2 / safe_v1)
+    rest = _safe_sqrt(2 * (v2 - c * c / safe_v1))[..., None]
+
+    def body(acc, node):
+        xi, wi = node
+        inner = f2((slope * xi)[..., None] + rest * lead(x, rest.ndim)) @ w
+        return acc + wi * f1(scale_u * xi) * inner, None
+
+    total, _ = lax.scan(body, jnp.zeros(c.shape, dtype), (x, w))
+    return total / math.pi
+
+
 def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> Layer:
     """Any elementwise phi by ``deg``-point Gauss-Hermite quadrature in two dimensions.
 
@@ -688,31 +718,11 @@ def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> 
         raise ValueError(f"ElementwiseNumerical: deg must be a positive integer, got {deg!r}")
     if not callable(fn):
         raise TypeError(f"ElementwiseNumerical: fn must be callable, got {type(fn).__name__}")
-    nodes, weights = np.polynomial.hermite.hermgauss(int(deg))
     dfn = df if df is not None else jnp.vectorize(jax.grad(fn))
 
-    def integrate(f, c, v1, v2):
-        dtype = c.dtype
-        x = jnp.asarray(nodes, dtype)
-        w = jnp.asarray(weights, dtype)
-        c, v1, v2 = jnp.broadcast_arrays(c, v1, v2)
-        safe_v1 = jnp.maximum(v1, jnp.finfo(dtype).tiny)
-        scale_u = jnp.sqrt(2 * v1)
-        slope = c * jnp.sqrt(2 / safe_v1)
-        rest = _safe_sqrt(2 * (v2 - c * c / safe_v1))[..., None]
-
-        # One outer node at a time keeps memory at (entries x deg), not deg^2.
-        def body(acc, node):
-            xi, wi = node
-            inner = f((slope * xi)[..., None] + rest * lead(x, rest.ndim)) @ w
-            return acc + wi * f(scale_u * xi) * inner, None
-
-        total, _ = lax.scan(body, jnp.zeros_like(c), (x, w))
-        return total / math.pi
-
     def moments(c, v1, v2, want_dot):
-        val = integrate(fn, c, v1, v2)
-        dot = integrate(dfn, c, v1, v2) if want_dot else None
+        val = gauss_hermite_2d(fn, fn, c, v1, v2, deg)
+        dot = gauss_hermite_2d(dfn, dfn, c, v1, v2, deg) if want_dot else None
         return val, dot
 
     name = getattr(fn, "__name__", "fn")

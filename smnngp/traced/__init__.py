@@ -1,0 +1,163 @@
+"""The infinite-width kernel of a network written in Flax, Equinox or plain JAX: the engine reads the program.
+
+``init_fn, apply_fn, kernel_fn = smnngp.traced.infinite_width(model.apply, params)`` traces ``apply_fn(params, x)``
+to a jaxpr and interprets it primitive by primitive as operations on kernels, with the width of every random
+weight taken to infinity (Tensor Programs: Yang 2019, 2020). ``kernel_fn`` has the contract of a `smnngp.stax`
+kernel_fn (``kernel_fn(x1, x2=None, get=...)``, jit-able), so it goes wherever a stax kernel goes: `smnngp.posterior`,
+`smnngp.predict`, the scale mixtures, `smnngp.nt`.
+
+What it reads (see docs/traced.md, "The kernel of your own model"):
+
+* ``dot_general`` of an activation (or the input) with a random weight leaf: a dense layer, whatever the
+  parameterisation the code writes (the leaf's variance and the constants the program multiplies by give the
+  layer's scale); a random bias leaf added: ``+ b_std**2``;
+* chains of entrywise primitives on one Gaussian pre-activation: an activation, in closed form when the chain is
+  one the engine knows (ReLU and its (a, b) family, leaky ReLU, abs, erf, exact GELU, sin, exp, sign), by
+  bivariate Gauss-Hermite quadrature otherwise;
+* sums and scalings of activations (residual and skip connections) with their cross-covariances;
+* means over the width and the arithmetic on them (layer normalisation written out).
+
+Anything else (batch statistics, control flow, an unsupported primitive) raises `TracedError` naming the
+primitive, the line of the user's code and why. Nothing is silently approximated: quadrature is used only for
+chains without a closed form, and the returned ``kernel_fn`` says so (``kernel_fn.quadrature``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from smnngp.stax._core import Layer, _input_kernel
+from smnngp.traced._interpret import Interpreter, TracedError, evaluate_data
+from smnngp.traced._priors import Bias, Fixed, Weight, resolve_priors
+from smnngp.traced._program import trace
+
+__all__ = ["infinite_width", "Weight", "Bias", "Fixed", "TracedError"]
+
+
+def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrature_degree: int = 32,
+                   name: str | None = None):
+    """``(init_fn, apply_fn, kernel_fn)`` of the infinite-width limit of the model ``apply_fn(params, x)``.
+
+    Args:
+        apply_fn: the forward pass, ``apply_fn(params, x) -> output`` with ``x`` of shape (batch, features) and an
+            output of shape (batch, outputs): Flax linen's ``model.apply``, an NNX or Equinox model through
+            ``nnx.split``/``nnx.merge`` or ``eqx.partition``/``eqx.combine``, or any function.
+        params: example parameters (a pytree); only shapes are read from the random leaves, the values of
+            `Fixed` ones are used as they are.
+        priors: which leaves are random and how: a mapping from path patterns (``fnmatch`` on the leaf's keys
+            joined by ``/``, e.g. ``'params/Dense_*/kernel'``) to `Weight` / `Bias` / `Fixed`, or a callable
+            ``(path, leaf) -> prior or None``. Leaves it leaves open get the framework's initialiser: ``kernel``
+            (Flax, lecun normal) ``Weight(1.0)``, a Flax ``bias`` ``Bias(0.0)``, ``weight`` (Equinox, uniform)
+            ``Weight(1/sqrt(3))`` and its ``bias`` the same uniform's variance, ``scale`` / ``embedding``
+            `Fixed`. Any other leaf must be named.
+        example_input: an input (or a ``jax.ShapeDtypeStruct``) to trace and check the program with now, so that
+            an unsupported construction is reported here rather than at the first kernel evaluation.
+        quadrature_degree: Gauss-Hermite nodes per dimension for activations without a closed form.
+        name: the network's name in messages (default: ``apply_fn``'s).
+
+    Returns:
+        ``(init_fn, apply_fn, kernel_fn)``: ``init_fn(key, input_shape) -> (output_shape, params)`` draws the
+        random leaves from their priors (the finite network that converges to the kernel), ``apply_fn`` is the
+        model's, ``kernel_fn(x1, x2=None, get=None, **kwargs)`` the infinite-width kernel as a `smnngp.stax`
+        kernel_fn.
+
+    Raises:
+        TracedError: (a ValueError) for a construction without an infinite-width rule, naming the primitive and
+            the source line.
+        ValueError, TypeError: for priors that do not fit the parameters.
+    """
+    if not callable(apply_fn):
+        raise TypeError(f"infinite_width: apply_fn must be callable, got {type(apply_fn).__name__}")
+    if not isinstance(quadrature_degree, (int, np.integer)) or quadrature_degree < 2:
+        raise ValueError(f"infinite_width: quadrature_degree must be an integer >= 2, got {quadrature_degree!r}")
+    paths, prior_list, treedef = resolve_priors(params, priors)
+    leaves = jax.tree_util.tree_leaves(params)
+    random = [not isinstance(p, Fixed) for p in prior_list]
+    random_priors = [p for p, r in zip(prior_list, random) if r]
+    random_paths = [p for p, r in zip(paths, random) if r]
+    label = name or getattr(apply_fn, "__qualname__", None) or "traced"
+
+    @functools.lru_cache(maxsize=32)
+    def program_for(shape: tuple, dtype: str):
+        program = trace(apply_fn, leaves, treedef, random, shape, jnp.dtype(dtype))
+        interp = Interpreter(program, random_priors, random_paths, int(quadrature_degree))
+        d_shape = tuple(program.avals[interp.frontier[0]].shape)
+        out_shape = tuple(program.avals[program.out_vars[0]].shape)
+        symmetric = _dry_run(interp, d_shape, jnp.dtype(dtype))
+
+        def kernel_map(k):
+            return interp.run(k)[0]
+
+        layer = Layer(f"traced({label})", lambda key, s: (s, ()), lambda p, x, **kw: x,
+                      lambda s: tuple(s[:1]) + out_shape[1:], kernel_map, lambda full: full, symmetric)
+        return program, interp, layer
+
+    def _program(x):
+        shape = tuple(jnp.shape(x))
+        if len(shape) < 2:
+            raise ValueError(f"kernel_fn of {label}: inputs must have a batch axis and a feature axis, got shape "
+                             f"{shape}")
+        dtype = jnp.dtype(getattr(x, "dtype", jnp.result_type(float)))
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"kernel_fn of {label}: inputs must be floating point, got {dtype}")
+        return program_for(shape, dtype.name)
+
+    def kernel_fn(x1, x2=None, get=None, **kwargs):
+        """The infinite-width kernel of the traced model (a `smnngp.stax` kernel_fn)."""
+        program1, interp1, layer = _program(x1)
+        d1 = evaluate_data(program1, interp1.kind, jnp.asarray(x1), interp1.frontier)[0]
+        d2 = None
+        if x2 is not None:
+            if tuple(jnp.shape(x2))[1:] != tuple(jnp.shape(x1))[1:]:
+                raise ValueError(f"kernel_fn of {label}: x1 {tuple(jnp.shape(x1))} and x2 {tuple(jnp.shape(x2))} "
+                                 f"must agree beyond the batch axis")
+            program2, interp2, _ = _program(x2)
+            d2 = evaluate_data(program2, interp2.kind, jnp.asarray(x2), interp2.frontier)[0]
+        return layer[2](d1, d2, get, **kwargs)
+
+    def init_fn(key, input_shape):
+        """``(output_shape, params)``: the random leaves drawn from their priors, the fixed ones as given."""
+        shape = tuple(int(s) for s in input_shape)
+        program, interp, _ = program_for(shape, jnp.dtype(jnp.result_type(float)).name)
+        keys = jax.random.split(key, max(1, len(random_priors)))
+        drawn, it = [], iter(range(len(random_priors)))
+        for leaf, r in zip(leaves, random):
+            if not r:
+                drawn.append(leaf)
+                continue
+            i = next(it)
+            prior = random_priors[i]
+            dtype = getattr(leaf, "dtype", jnp.result_type(float))
+            unit = jax.random.normal(keys[i], jnp.shape(leaf), dtype)
+            if isinstance(prior, Weight):
+                if i not in interp.fan_in:
+                    raise TracedError(f"init_fn of {label}: the weight {random_paths[i]} is never multiplied into "
+                                      f"an activation, so its fan-in is unknown")
+                drawn.append(unit * math.sqrt(prior.variance(interp.fan_in[i])))
+            else:
+                drawn.append(unit * prior.b_std)
+        out_shape = tuple(program.avals[program.out_vars[0]].shape)
+        return out_shape, jax.tree_util.tree_unflatten(treedef, drawn)
+
+    if example_input is not None:
+        _program(example_input)
+    kernel_fn.priors = dict(zip(paths, prior_list))
+    return init_fn, apply_fn, kernel_fn
+
+
+def _dry_run(interp: Interpreter, d_shape: tuple, dtype) -> bool:
+    """Run the interpreter on abstract values (errors surface now); whether the kernel is symmetric."""
+    found = {}
+
+    def run(d):
+        k, symmetric = interp.run(_input_kernel(d, None, False, True))
+        found["symmetric"] = symmetric
+        return k.nngp
+
+    jax.eval_shape(run, jax.ShapeDtypeStruct((2,) + tuple(d_shape[1:]), dtype))
+    return found["symmetric"]

@@ -1,0 +1,644 @@
+"""Interpret a traced program, primitive by primitive, as operations on infinite-width variables.
+
+`classify` sorts the program's variables by what they depend on (the input alone, the random parameters alone,
+or both) and finds where the input enters the network (`Frontier`); `evaluate_data` computes the input's
+preprocessing on actual arrays; `Interpreter` runs the rest on kernels. Every operation that has no
+infinite-width limit here raises `TracedError`, naming the primitive, the user's source line and the reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from smnngp import stax
+from smnngp.traced._moments import Moments
+from smnngp.traced._priors import Bias, Weight
+from smnngp.traced._program import Op, Program
+from smnngp.traced._values import ONES, Affine, BiasTerm, Const, DataIn, Field, FieldProduct, Nonlin, Param, PerEx
+
+__all__ = ["TracedError", "classify", "evaluate_data", "Interpreter"]
+
+# Primitives that act entry by entry (the chains of an activation are made of them).
+ELEMENTWISE = frozenset({
+    "add", "sub", "mul", "div", "neg", "max", "min", "abs", "sign", "exp", "exp2", "log", "log1p", "expm1",
+    "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "erf", "erfc", "erf_inv", "sqrt", "rsqrt", "cbrt", "integer_pow", "pow", "square", "select_n", "gt", "lt",
+    "ge", "le", "eq", "ne", "convert_element_type", "clamp", "atan2", "floor", "ceil", "round", "is_finite",
+    "not", "and", "or", "copy", "copy_p", "reduce_precision", "nextafter", "rem",
+})
+_PASS_THROUGH = frozenset({"copy", "copy_p", "optimization_barrier"})
+
+
+class TracedError(ValueError):
+    """A construction of the user's program that has no infinite-width limit in smnngp.traced."""
+
+
+def refuse(op: Op, why: str) -> TracedError:
+    return TracedError(f"smnngp.traced: `{op.name}` at {op.where}: {why}")
+
+
+# -- which variables depend on what --------------------------------------------------------------------------
+
+def classify(program: Program) -> tuple[dict[int, str], list[int]]:
+    """Kinds of the variables ('const', 'data', 'param', 'field') and the data variables that enter the network
+    (the frontier: input-only values that an operation combines with a parameter or an activation)."""
+    kind = {v: "const" for v in program.consts}
+    kind[program.x_var] = "data"
+    for v in program.params_vars:
+        kind[v] = "param"
+    frontier: list[int] = []
+    for op in program.ops:
+        kinds = {kind[i] for i in op.ins}
+        if "field" in kinds or ("data" in kinds and "param" in kinds):
+            out = "field"
+            for i in op.ins:
+                if kind[i] == "data" and i not in frontier:
+                    frontier.append(i)
+        elif "data" in kinds:
+            out = "data"
+        elif "param" in kinds:
+            out = "param"
+        else:
+            out = "const"
+        for o in op.outs:
+            kind[o] = out
+    return kind, frontier
+
+
+def evaluate_data(program: Program, kind: dict[int, str], x, wanted: list[int]) -> list:
+    """The values of the data variables ``wanted`` for the input ``x`` (the operations on the input alone)."""
+    env = {program.x_var: x}
+    need = set(wanted)
+    for op in reversed(program.ops):  # only what the wanted values need
+        if any(o in need for o in op.outs):
+            need.update(i for i in op.ins if kind[i] == "data")
+    for op in program.ops:
+        if not any(o in need for o in op.outs):
+            continue
+        args = [env[i] if i in env else program.consts[i] for i in op.ins]
+        out = op.prim.bind(*args, **op.params)
+        for o, val in zip(op.outs, out if op.prim.multiple_results else [out]):
+            env[o] = val
+    return [env[v] for v in wanted]
+
+
+def data_roles(program: Program, kind, var: int) -> tuple:
+    """Roles of a frontier variable: the batch first, finite features after (dense inputs only, for now)."""
+    return ("b",) + ("f",) * (len(program.avals[var].shape) - 1)
+
+
+# -- the interpreter ----------------------------------------------------------------------------------------
+
+def _uniform_scalar(value, op: Op, what: str) -> float:
+    arr = np.asarray(value)
+    flat = arr.reshape(-1)
+    if flat.size == 0:
+        raise refuse(op, f"{what} is empty")
+    if not np.all(flat == flat[0]):
+        raise refuse(op, f"{what} varies along the width or batch axis (values from {flat.min()} to "
+                         f"{flat.max()}); a fixed vector that is not constant along the width has no "
+                         f"infinite-width limit here")
+    return float(flat[0]) if arr.dtype.kind in "fc" else flat[0].item()
+
+
+class Interpreter:
+    """Runs a program's network part on the kernel ``k0`` of its input (one `Moments` per evaluation)."""
+
+    def __init__(self, program: Program, priors: list, random_index: list[int], deg: int):
+        self.program = program
+        self.priors = priors  # per random leaf (in params_vars order)
+        self.random_index = random_index  # position of each random leaf among all leaves (for messages)
+        self.deg = deg
+        self.kind, self.frontier = classify(program)
+        self.recognised: dict = {}  # activation of each chain, by the operation that ends it
+        self.fan_in: dict = {}  # fan-in of each weight leaf
+        if len(self.frontier) > 1:
+            op = next(op for op in program.ops if any(i in self.frontier[1:] for i in op.ins))
+            raise refuse(op, "the input enters the network through more than one value (the input itself and a "
+                             "transformation of it, or several transformations); smnngp.traced takes networks "
+                             "whose input, however preprocessed, enters as one array")
+        if not self.frontier:
+            raise TracedError("smnngp.traced: the model's output does not depend on both the input and a random "
+                              "parameter; there is no kernel to compute")
+        for v in self.frontier:
+            shape = program.avals[v].shape
+            if len(shape) != 2:
+                op = next(op for op in program.ops if v in op.ins)
+                raise refuse(op, f"the input enters the network with shape {tuple(shape)}; this version takes "
+                                 f"inputs of shape (batch, features) (flatten images first)")
+
+    # values of variables
+    def _value(self, env, i):
+        if i in env:
+            return env[i]
+        if i in self.program.consts:
+            return Const(self.program.consts[i])
+        raise KeyError(i)
+
+    def run(self, k0):
+        """The output's `Kernel` (and whether the evaluation is symmetric in x1, x2)."""
+        m = Moments(k0, self.deg, self.recognised)
+        env: dict = {}
+        for pos, v in enumerate(self.program.params_vars):
+            env[v] = Param(pos, tuple(self.program.avals[v].shape), 1.0, ())
+        env[self.frontier[0]] = DataIn(("b", "f"))
+        for op in self.program.ops:
+            if all(self.kind[o] == "data" for o in op.outs):
+                continue  # the input's preprocessing: evaluated before
+            ins = [self._value(env, i) for i in op.ins]
+            outs = self.apply(op, ins, m)
+            for o, val in zip(op.outs, outs):
+                env[o] = val
+        if len(self.program.out_vars) != 1:
+            raise TracedError(f"smnngp.traced: the model returns {len(self.program.out_vars)} arrays; it must "
+                              f"return one (the network's output)")
+        out = self._value(env, self.program.out_vars[0])
+        if not isinstance(out, Field):
+            raise TracedError(f"smnngp.traced: the model's output is not an infinite-width activation (it is "
+                              f"{type(out).__name__}); it must end in a layer with random weights")
+        if out.roles != ("b", "w"):
+            raise TracedError(f"smnngp.traced: the model's output has axes {out.roles}; expected (batch, width)")
+        k = m.field_or_zero(out, out)
+        n_out = self.program.avals[self.program.out_vars[0]].shape[-1]
+        k = k.replace(shape1=(k0.shape1[0], n_out), shape2=(k0.shape2[0], n_out), is_gaussian=out.gaussian)
+        return k, m.symmetric
+
+    # dispatch
+    def apply(self, op: Op, ins, m: Moments):
+        name = op.name
+        if name in _PASS_THROUGH:
+            return ins
+        if name == "dot_general":
+            return [self._dot_general(op, ins)]
+        if name in ELEMENTWISE:
+            return [self._elementwise(op, ins, m)]
+        if name == "reduce_sum":
+            return [self._reduce_sum(op, ins[0], m)]
+        if name in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims"):
+            return [self._reshape(op, ins[0])]
+        if name == "transpose":
+            return [self._transpose(op, ins[0])]
+        if name in ("reduce_max", "reduce_min", "argmax", "argmin", "reduce_prod"):
+            raise refuse(op, "a maximum, minimum or product over an axis has no Gaussian limit here")
+        if name in ("cond", "while", "switch"):
+            raise refuse(op, "control flow that depends on the input or the parameters has no infinite-width "
+                             "limit here")
+        if name == "scan":
+            raise refuse(op, "loops (lax.scan: recurrent networks) are not supported yet")
+        raise refuse(op, "this primitive has no infinite-width rule in smnngp.traced")
+
+    # -- parameters and weights --------------------------------------------------------------------------
+    def _prior(self, param: Param):
+        return self.priors[param.leaf]
+
+    def _dot_general(self, op: Op, ins):
+        (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+        a, b = ins
+        if lb or rb:
+            raise refuse(op, "a batched contraction (vmap over examples or heads) is not supported yet")
+        if isinstance(a, Param) and isinstance(b, (Field, DataIn)):
+            raise refuse(op, "the weight is on the left (W @ x.T): write x @ W so the batch stays first")
+        if not (isinstance(b, Param) and isinstance(a, (Field, DataIn))):
+            if isinstance(a, Field) and isinstance(b, Field):
+                raise refuse(op, "a product of two activations contracted over the width (attention scores) is "
+                                 "not supported yet")
+            if isinstance(a, (Field, DataIn)) and isinstance(b, Const) or isinstance(b, (Field, DataIn)):
+                raise refuse(op, "an activation is multiplied by a fixed matrix; mark the matrix as a random "
+                                 "weight (priors={...: Weight()}) or compute it from the input alone")
+            raise refuse(op, f"unsupported operands {type(a).__name__} and {type(b).__name__}")
+        prior = self._prior(b)
+        if not isinstance(prior, Weight):
+            raise refuse(op, f"parameter {self.random_index[b.leaf]} is used as a weight but its prior is "
+                             f"{type(prior).__name__}")
+        if tuple(lc) != (len(a.roles) - 1,) or len(b.shape) != 2 or len(rc) != 1:
+            raise refuse(op, f"the contraction {op.params['dimension_numbers']} is not a dense layer over the last "
+                             f"axis (batch, features) @ (features, width)")
+        fan_in = b.shape[rc[0]]
+        self.fan_in[b.leaf] = fan_in
+        n_out = b.shape[1 - rc[0]]
+        variance = prior.variance(fan_in) * b.scale**2
+        W_std = math.sqrt(variance * fan_in)
+        layer = stax.Dense(n_out, W_std=W_std, parameterization=prior.parameterization)
+        term = Affine((b.leaf, b.view, rc[0]), a, layer)
+        return Field(((term, 1.0),), ("b", "w"), n_out)
+
+    def _bias(self, op: Op, p: Param, width: int, sign: float) -> Field:
+        prior = self._prior(p)
+        if not isinstance(prior, Bias):
+            raise refuse(op, f"parameter {self.random_index[p.leaf]} is added to an activation but its prior is "
+                             f"{type(prior).__name__}")
+        size = math.prod(p.shape)
+        if size != width or (p.shape and p.shape[-1] != width):
+            raise refuse(op, f"a bias of shape {p.shape} added to activations of width {width}")
+        var = prior.b_std**2 * p.scale**2
+        ntk = var if prior.parameterization == "ntk" else p.scale**2
+        return Field(((BiasTerm((p.leaf, p.view), var, ntk), sign), ), ("b", "w"), width)
+
+    def _param_op(self, op: Op, ins):
+        """Views of a random leaf: rescaling, negation, conversion."""
+        p = next(v for v in ins if isinstance(v, Param))
+        others = [v for v in ins if v is not p]
+        if op.name in ("convert_element_type", "copy", "copy_p"):
+            return p
+        if op.name == "neg":
+            return Param(p.leaf, p.shape, -p.scale, p.view)
+        if op.name in ("mul", "div") and len(others) == 1 and isinstance(others[0], Const):
+            c = _uniform_scalar(others[0].value, op, "the factor of a random parameter")
+            if op.name == "div" and ins[0] is not p:
+                raise refuse(op, "a random parameter in a denominator")
+            return Param(p.leaf, p.shape, p.scale * c if op.name == "mul" else p.scale / c, p.view)
+        raise refuse(op, "this operation on a random parameter, before it meets the input, has no rule (only "
+                         "reshapes, transposes and constant factors)")
+
+    # -- shapes ------------------------------------------------------------------------------------------
+    def _reshape(self, op: Op, v):
+        out_shape = tuple(self.program.avals[op.outs[0]].shape)
+        if isinstance(v, Param):
+            return Param(v.leaf, out_shape, v.scale, v.view if math.prod(out_shape) == math.prod(v.shape)
+                         and [s for s in out_shape if s != 1] == [s for s in v.shape if s != 1]
+                         else v.view + (("reshape", out_shape),))
+        if isinstance(v, PerEx):
+            non_unit = [r for r in v.roles if r != "1"]
+            roles = self._roles_after(op, v.roles, out_shape)
+            if [r for r in roles if r not in ("1", "w")] != [r for r in non_unit if r != "w"]:
+                raise refuse(op, "a reshape mixes the batch axis of a per-example statistic")
+            return PerEx(v.v1, v.v2, roles, v.zero, v.power)
+        if isinstance(v, (Field, FieldProduct)):
+            roles = self._roles_after(op, v.roles, out_shape)
+            if [r for r in roles if r != "1"] != [r for r in v.roles if r != "1"]:
+                raise refuse(op, f"a reshape of activations with axes {v.roles} to shape {out_shape}; this "
+                                 f"version keeps activations as (batch, width)")
+            if isinstance(v, Field):
+                return Field(v.terms, roles, v.width)
+            return FieldProduct(v.left, v.right, roles, v.width)
+        raise refuse(op, f"a reshape of {type(v).__name__}")
+
+    def _roles_after(self, op: Op, roles: tuple, out_shape: tuple) -> tuple:
+        """Roles after a reshape / broadcast that only adds or removes axes of size one (or broadcasts them)."""
+        name = op.name
+        if name == "broadcast_in_dim":
+            dims = op.params["broadcast_dimensions"]
+            out = ["1"] * len(out_shape)
+            for r, d in zip(roles, dims):
+                out[d] = r
+            for d, size in enumerate(out_shape):
+                if out[d] == "1" and size != 1:
+                    out[d] = "w*"  # broadcast along a new axis: only the width may be broadcast into
+            if any(r == "w*" for r in out):
+                if "w" in out or sum(r == "w*" for r in out) > 1 or out.index("w*") != len(out) - 1:
+                    raise refuse(op, f"a broadcast to shape {out_shape} of values with axes {roles}")
+                out[out.index("w*")] = "w"
+            return tuple(out)
+        non_unit = [r for r, s in zip(roles, self.program.avals[op.ins[0]].shape) if s != 1]
+        out, it = [], iter(non_unit)
+        for size in out_shape:
+            out.append("1" if size == 1 and (not non_unit or size != 1) else next(it, "?"))
+        if "?" in out or next(it, None) is not None:
+            raise refuse(op, f"a reshape to {out_shape} that merges or splits axes {roles}")
+        return tuple(out)
+
+    def _transpose(self, op: Op, v):
+        perm = op.params["permutation"]
+        if isinstance(v, Param):
+            shape = tuple(v.shape[p] for p in perm)
+            return Param(v.leaf, shape, v.scale, v.view + (("transpose", tuple(perm)),))
+        raise refuse(op, "a transpose of activations (this version keeps them as (batch, width))")
+
+    # -- entrywise operations ----------------------------------------------------------------------------
+    def _elementwise(self, op: Op, ins, m: Moments):
+        name = op.name
+        if any(isinstance(v, Param) for v in ins):
+            fields = [v for v in ins if isinstance(v, Field)]
+            if fields and name in ("add", "sub"):
+                f = fields[0]
+                p = next(v for v in ins if isinstance(v, Param))
+                bias = self._bias(op, p, f.width, -1.0 if (name == "sub" and ins[1] is p) else 1.0)
+                lead = f if (name == "add" or ins[0] is f) else _scale_field(f, -1.0)
+                return _add_fields(lead, bias)
+            if not fields and not any(isinstance(v, (PerEx, DataIn)) for v in ins):
+                return self._param_op(op, ins)
+            raise refuse(op, "a random parameter combined entrywise with an activation other than by adding it "
+                             "(a random gate or scale) has no rule here")
+        if any(isinstance(v, DataIn) for v in ins):
+            raise refuse(op, "the input combined entrywise with an activation")
+        has_field = any(isinstance(v, (Field, FieldProduct)) for v in ins)
+        if not has_field:
+            return self._perex_op(op, ins)
+        linear = self._linear(op, ins)
+        if linear is not None:
+            return linear
+        return self._nonlinear(op, ins)
+
+    def _linear(self, op: Op, ins):
+        """Add, subtract, negate, scale: the field stays a combination of its terms."""
+        name = op.name
+        if any(isinstance(v, FieldProduct) for v in ins):
+            return None
+        if name in ("convert_element_type", "reduce_precision"):
+            if jnp.issubdtype(op.params.get("new_dtype", jnp.float64), jnp.floating) or name == "reduce_precision":
+                return ins[0]
+            return None
+        if name == "neg":
+            return _scale_field(ins[0], -1.0)
+        if name in ("add", "sub"):
+            a, b = ins
+            sign = -1.0 if name == "sub" else 1.0
+            if isinstance(a, Field) and isinstance(b, Field):
+                return _add_fields(a, _scale_field(b, sign))
+            f, other, f_first = (a, b, True) if isinstance(a, Field) else (b, a, False)
+            if isinstance(other, Const) and not f_first and name == "sub":
+                # c - F
+                c = _uniform_scalar(other.value, op, "a constant added to an activation")
+                return _add_ones(_scale_field(f, -1.0), c)
+            if isinstance(other, Const):
+                c = _uniform_scalar(other.value, op, "a constant added to an activation")
+                return _add_ones(f, c * (sign if f_first else 1.0))
+            if isinstance(other, PerEx):
+                self._check_power(op, other)
+                if other.zero:
+                    return f if (f_first or name == "add") else _scale_field(f, -1.0)
+                lead = f if (f_first or name == "add") else _scale_field(f, -1.0)
+                coef = other if (name == "add" or not f_first) else _perex_neg(other)
+                return _add_fields(lead, Field(((ONES, coef),), f.roles, f.width))
+            return None
+        if name in ("mul", "div"):
+            a, b = ins
+            if isinstance(a, Field) and isinstance(b, Field):
+                return None
+            f, other, f_first = (a, b, True) if isinstance(a, Field) else (b, a, False)
+            if name == "div" and not f_first:
+                return None  # c / F: nonlinear
+            if isinstance(other, Const):
+                c = _uniform_scalar(other.value, op, "a constant factor of an activation")
+                return _scale_field(f, c if name == "mul" else 1.0 / c)
+            if isinstance(other, PerEx):
+                self._check_power(op, other)
+                if other.zero:
+                    if name == "div":
+                        raise refuse(op, "an activation divided by an exactly zero statistic")
+                    return Field((), f.roles, f.width)
+                coef = other if name == "mul" else _perex_apply(lambda v: 1.0 / v, other)
+                return _scale_field(f, coef)
+        return None
+
+    def _nonlinear(self, op: Op, ins):
+        """A function of one Gaussian field (an activation's chain), or the product of two fields."""
+        if any(isinstance(v, PerEx) for v in ins):
+            raise refuse(op, "a nonlinearity whose shape depends on a per-example statistic (it is not a function "
+                             "of one Gaussian with fixed parameters)")
+        fields = [v for v in ins if isinstance(v, (Field, FieldProduct))]
+        if any(isinstance(v, FieldProduct) for v in fields):
+            raise refuse(op, "a nonlinear function of the product of two activations that are not functions of "
+                             "one Gaussian")
+        funcs = [_as_function(v) for v in fields]
+        if all(f is not None for f in funcs) and len({_base_key(b) for b, _ in funcs}) == 1:
+            fn = self._compose(op, ins, {id(v): f for v, (_, f) in zip(fields, funcs)})
+            nl = Nonlin(fn, funcs[0][0], _product_pair(op, ins), op.where, origin=id(op))
+            return Field(((nl, 1.0),), fields[0].roles, fields[0].width)
+        pair = _product_pair(op, ins)
+        if pair is not None:
+            return FieldProduct(pair[0], pair[1], pair[0].roles, pair[0].width)
+        raise refuse(op, "a nonlinearity applied to several independent activations, or to their sum (a function "
+                         "of more than one Gaussian); only a sum of Gaussians (affine layers, biases) enters an "
+                         "activation")
+
+    def _compose(self, op: Op, ins, fns):
+        """``u -> prim(operands)`` with each field replaced by its function of the base ``u``."""
+        consts = []
+        for v in ins:
+            if isinstance(v, Const):
+                consts.append(_uniform_scalar(v.value, op, "a constant in an activation"))
+            else:
+                consts.append(None)
+        prim, params = op.prim, op.params
+
+        def fn(u):
+            args = []
+            for v, c in zip(ins, consts):
+                if c is None:
+                    args.append(fns[id(v)](u))
+                else:
+                    dt = op_dtype(v, u)
+                    args.append(jnp.broadcast_to(jnp.asarray(c, dt), jnp.shape(u)))
+            return prim.bind(*args, **params)
+
+        def op_dtype(v, u):
+            dt = np.asarray(v.value).dtype
+            return u.dtype if dt.kind == "f" else dt
+
+        return fn
+
+    # -- reductions over the width -------------------------------------------------------------------------
+    def _reduce_sum(self, op: Op, v, m: Moments):
+        axes = tuple(op.params["axes"])
+        if isinstance(v, PerEx):
+            raise refuse(op, "a sum over the batch of per-example statistics (batch statistics)")
+        if not isinstance(v, (Field, FieldProduct)):
+            raise refuse(op, f"a sum of {type(v).__name__}")
+        roles = v.roles
+        summed = {roles[a] for a in axes}
+        if "b" in summed:
+            raise refuse(op, "a sum over the batch axis: batch statistics (batch normalisation, a mean over "
+                             "examples) couple the examples and have no per-example kernel")
+        if summed - {"1"} != {"w"}:
+            raise refuse(op, f"a sum over axes {axes} with roles {roles}")
+        out_roles = tuple(r for i, r in enumerate(roles) if i not in axes)
+        if isinstance(v, FieldProduct):
+            k = m.field_or_zero(v.left, v.right)
+            out = PerEx(k.cov1, k.cov2, out_roles, power=1)
+            out.power_width = v.width
+            return out
+        return _field_mean(v, m, out_roles)
+
+    # -- per-example statistics ----------------------------------------------------------------------------
+    def _check_power(self, op: Op, p: PerEx):
+        if p.power != 0:
+            raise refuse(op, "a sum over the width that is not divided by the width (as a mean is) grows without "
+                             "bound with the width; use a mean")
+
+    def _perex_op(self, op: Op, ins):
+        perex = [v for v in ins if isinstance(v, PerEx)]
+        if not perex:
+            raise refuse(op, f"unsupported operands {[type(v).__name__ for v in ins]}")
+        name = op.name
+        roles = ("b",) + ("1",) * (len(self.program.avals[op.outs[0]].shape) - 1)
+        # dividing (multiplying) a sum over the width by the width (its inverse) makes it a mean
+        if name in ("div", "mul") and len(ins) == 2 and any(v.power for v in perex):
+            p = perex[0]
+            other = ins[1] if ins[0] is p else ins[0]
+            if not isinstance(other, Const) or (name == "div" and ins[1] is p):
+                raise refuse(op, "a sum over the width combined with another statistic before it is divided by "
+                                 "the width")
+            c = _uniform_scalar(other.value, op, "a constant factor")
+            factor = c if name == "mul" else 1.0 / c
+            width = p.power_width
+            if abs(factor * width - 1.0) > 1e-12:
+                raise refuse(op, f"a sum over a width of {width} scaled by {factor}, not divided by the width: it "
+                                 f"grows without bound with the width; use a mean")
+            return PerEx(p.v1, p.v2, roles, p.zero, 0)
+        for p in perex:
+            self._check_power(op, p)
+        consts = [None if isinstance(v, PerEx) else _uniform_scalar(v.value, op, "a constant") for v in ins]
+
+        def side(which):
+            args = [c if c is not None else (v.v1 if which == 1 or v.v2 is None else v.v2)
+                    for v, c in zip(ins, consts)]
+            ref = next(a for a in args if not isinstance(a, (bool, int, float)))
+            full = []
+            for a in args:
+                if isinstance(a, float):
+                    a = jnp.asarray(a, ref.dtype)
+                full.append(jnp.broadcast_to(jnp.asarray(a), jnp.shape(ref)))
+            return op.prim.bind(*full, **op.params)
+
+        zero = (name == "mul" and any(p.zero for p in perex)) or (
+            name in ("square", "neg", "convert_element_type") and perex[0].zero) or (
+            name == "integer_pow" and perex[0].zero and op.params["y"] > 0)
+        v2 = None if all(p.v2 is None for p in perex) else side(2)
+        return PerEx(side(1), v2, roles, zero)
+
+
+# -- field algebra ------------------------------------------------------------------------------------------
+
+def _scale_field(f: Field, c) -> Field:
+    if isinstance(c, float) and c == 1.0:
+        return f
+    return Field(tuple((t, _mul_coef(k, c)) for t, k in f.terms), f.roles, f.width)
+
+
+def _mul_coef(a, b):
+    if isinstance(a, PerEx) or isinstance(b, PerEx):
+        pa = a if isinstance(a, PerEx) else None
+        pb = b if isinstance(b, PerEx) else None
+        if pa is not None and pb is not None:
+            return PerEx(pa.v1 * pb.v1, None if pa.v2 is None and pb.v2 is None else
+                         (pa.v2 if pa.v2 is not None else pa.v1) * (pb.v2 if pb.v2 is not None else pb.v1),
+                         pa.roles)
+        p, s = (pa, b) if pa is not None else (pb, a)
+        return _perex_apply(lambda v: v * s, p)
+    return a * b
+
+
+def _perex_apply(fn, p: PerEx) -> PerEx:
+    return PerEx(fn(p.v1), None if p.v2 is None else fn(p.v2), p.roles, p.zero, p.power)
+
+
+def _perex_neg(p: PerEx) -> PerEx:
+    return _perex_apply(lambda v: -v, p)
+
+
+def _add_fields(a: Field, b: Field) -> Field:
+    if a.width != b.width:
+        raise TracedError(f"smnngp.traced: adding activations of widths {a.width} and {b.width}")
+    terms = list(a.terms)
+    for t, c in b.terms:
+        for j, (u, d) in enumerate(terms):
+            if u is t and not isinstance(c, PerEx) and not isinstance(d, PerEx):
+                terms[j] = (u, d + c)
+                break
+        else:
+            terms.append((t, c))
+    terms = [(t, c) for t, c in terms if isinstance(c, PerEx) or c != 0.0]
+    roles = a.roles if len(a.roles) >= len(b.roles) else b.roles
+    return Field(tuple(terms), roles, a.width)
+
+
+def _add_ones(f: Field, c: float) -> Field:
+    if c == 0.0:
+        return f
+    return _add_fields(f, Field(((ONES, c),), f.roles, f.width))
+
+
+def _base_key(base: Field):
+    return base.key()
+
+
+def _as_function(f: Field):
+    """``(base, fn)`` with ``f = fn(base)`` entrywise for one Gaussian field ``base``, or None.
+
+    A Gaussian term may have a per-example coefficient (a normalised pre-activation is still Gaussian, with the
+    per-example scale in its covariance); the nonlinear terms and the constant shift must have fixed ones."""
+    gauss = [(t, c) for t, c in f.terms if t.gaussian]
+    nonlin = [(t, c) for t, c in f.terms if isinstance(t, Nonlin)]
+    ones = [c for t, c in f.terms if t is ONES]
+    if any(isinstance(c, PerEx) for c in ones) or any(isinstance(c, PerEx) for _, c in nonlin):
+        return None
+    shift = sum(ones)
+    if not nonlin:
+        if not gauss:
+            return None
+        first = min(gauss, key=lambda tc: tc[0].uid)[1]
+        if isinstance(first, PerEx) or any(isinstance(c, PerEx) for _, c in gauss):
+            base, first = Field(tuple(gauss), f.roles, f.width), 1.0
+        else:
+            # the canonical base: the coefficient of its first term is 1 (so that F and -F, 2F share a base)
+            base = Field(tuple((t, c / first) for t, c in gauss), f.roles, f.width)
+        if first == 1.0:
+            return base, (lambda u: u + shift) if shift else (lambda u: u)
+        return base, (lambda u: first * u + shift) if shift else (lambda u: first * u)
+    base = nonlin[0][0].base
+    if any(_base_key(t.base) != _base_key(base) for t, _ in nonlin):
+        return None
+    alpha = 0.0
+    if gauss:
+        base_coefs = {id(t): c for t, c in base.terms}
+        if {id(t) for t, _ in gauss} != set(base_coefs):
+            return None
+        ratios = set()
+        for t, c in gauss:
+            b = base_coefs[id(t)]
+            if isinstance(c, PerEx) or isinstance(b, PerEx):
+                if c is not b:
+                    return None
+                ratios.add(1.0)
+            else:
+                ratios.add(c / b)
+        if len(ratios) != 1:
+            return None
+        alpha = ratios.pop()
+    parts = [(t.fn, c) for t, c in nonlin]
+
+    def fn(u):
+        out = alpha * u if alpha else 0.0
+        for phi, c in parts:
+            out = out + c * phi(u)
+        return out + shift if shift else out
+
+    return base, fn
+
+
+def _product_pair(op: Op, ins):
+    """(F, G) when ``op`` is F * G, F ** 2 or square(F) for fields F, G; else None."""
+    name = op.name
+    fields = [v for v in ins if isinstance(v, Field)]
+    if name == "mul" and len(fields) == 2:
+        return fields[0], fields[1]
+    if name == "square" or (name == "integer_pow" and op.params.get("y") == 2):
+        return ins[0], ins[0]
+    return None
+
+
+def _field_mean(f: Field, m: Moments, roles) -> PerEx:
+    """Mean over the width: Gaussian terms contribute zero, the ones vector its coefficient, phi(g) E[phi(g)]."""
+    total1 = total2 = None
+    for t, c in f.terms:
+        if t.gaussian:
+            continue
+        if t is ONES:
+            m1 = jnp.ones((m.n1,), m.dtype)
+            m2 = jnp.ones((m.n2,), m.dtype)
+        else:
+            m1, m2 = m.mean(t)
+        c1, c2 = (c.v1, c.v2 if c.v2 is not None else c.v1) if isinstance(c, PerEx) else (c, c)
+        total1 = c1 * m1 if total1 is None else total1 + c1 * m1
+        total2 = c2 * m2 if total2 is None else total2 + c2 * m2
+    if total1 is None:
+        total1, total2 = jnp.zeros((m.n1,), m.dtype), jnp.zeros((m.n2,), m.dtype)
+        out = PerEx(total1, None if m.x2_is_x1 else total2, roles, zero=True, power=1)
+    else:
+        out = PerEx(total1, None if m.x2_is_x1 else total2, roles, power=1)
+    out.power_width = f.width
+    return out

@@ -1,0 +1,223 @@
+"""Second moments (NNGP) and NTKs between the infinite-width variables of a traced program.
+
+`Moments.field(F, G)` is the `smnngp.kernels.Kernel` of two fields: ``nngp`` = E[F(x1) G(x2)] averaged over the
+width, ``ntk`` the tangent kernel, ``cov1`` / ``cov2`` = E[F(x) G(x)] at the points of x1 / x2. It is the sum,
+over pairs of terms, of their coefficients times the terms' moments, each computed once (memoised):
+
+* ``W a`` with ``W' b``: zero for different weights; for the same weight, the weight's affine map (a stax
+  ``Dense`` with the leaf's variance) applied to the moments of ``a`` and ``b`` — the Tensor Programs rule, which
+  holds for a weight used once or several times;
+* a bias with itself: its variance (the NTK: its variance under ``'ntk'``, 1 under ``'standard'``);
+* ``phi(g)`` with ``psi(h)``: the bivariate Gaussian expectation over (g(x1), h(x2)) — the activation's closed
+  form (for ``phi(g)`` with itself, the stax layer's own map, the same program as a stax network), the two
+  functions' quadrature otherwise; NTK ``E[phi'(g) psi'(h)] Theta(g, h)``;
+* ``phi(g)`` with a Gaussian ``a``: Stein's lemma, ``E[phi'(g)] Cov(g, a)``;
+* the all-ones vector with ``phi(g)``: ``E[phi(g)]``; with a Gaussian: zero.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from smnngp.kernels import Kernel
+from smnngp.stax.elementwise import gauss_hermite_2d
+from smnngp.traced._activations import gauss_hermite_1d, recognise
+from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Nonlin, Ones, PerEx
+
+__all__ = ["Moments", "side_values"]
+
+
+def side_values(coef, x2_is_x1: bool):
+    """A coefficient's values over the points of x1 and of x2 (floats stay floats)."""
+    if isinstance(coef, PerEx):
+        return coef.v1, (coef.v1 if x2_is_x1 or coef.v2 is None else coef.v2)
+    return coef, coef
+
+
+class Moments:
+    """The moments of one evaluation (one pair of inputs, or one tile of them), from the input kernel ``k0``."""
+
+    def __init__(self, k0: Kernel, deg: int, recognised: dict):
+        self.recognised = recognised
+        self.k0 = k0
+        self.deg = deg
+        self.memo: dict = {}
+        self.keep: list = []  # memo keys are ids: keep their objects alive
+        self.want_ntk = k0.ntk is not None
+        self.x2_is_x1 = k0.cov2 is None
+        self.n1, self.n2 = k0.nngp.shape[0], k0.nngp.shape[1]
+        self.dtype = k0.nngp.dtype
+        self.symmetric = True
+
+    # -- kernels of constants and combinations ------------------------------------------------------------
+    def constant(self, nngp_value, ntk_value, width: int, gaussian: bool) -> Kernel:
+        full = jnp.full((self.n1, self.n2), nngp_value, self.dtype)
+        return self._kernel(
+            full,
+            None if not self.want_ntk else jnp.full((self.n1, self.n2), ntk_value, self.dtype),
+            jnp.full((self.n1,), nngp_value, self.dtype),
+            None if self.x2_is_x1 else jnp.full((self.n2,), nngp_value, self.dtype),
+            width, gaussian)
+
+    def _kernel(self, nngp, ntk, cov1, cov2, width, gaussian) -> Kernel:
+        return self.k0.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, shape1=(self.k0.shape1[0], width),
+                               shape2=(self.k0.shape2[0], width), is_gaussian=gaussian)
+
+    def _scaled(self, k: Kernel, c, d) -> Kernel:
+        if not isinstance(c, PerEx) and not isinstance(d, PerEx):
+            s = c * d
+            if s == 1.0:
+                return k
+            return k.replace(nngp=k.nngp * s, ntk=None if k.ntk is None else k.ntk * s, cov1=k.cov1 * s,
+                             cov2=None if k.cov2 is None else k.cov2 * s)
+        c1, c2 = side_values(c, self.x2_is_x1)
+        d1, d2 = side_values(d, self.x2_is_x1)
+        rows = c1[:, None] if jnp.ndim(c1) else c1
+        cols = d2[None, :] if jnp.ndim(d2) else d2
+        pair = rows * cols
+        return k.replace(nngp=k.nngp * pair, ntk=None if k.ntk is None else k.ntk * pair, cov1=k.cov1 * (c1 * d1),
+                         cov2=None if k.cov2 is None else k.cov2 * (c2 * d2))
+
+    @staticmethod
+    def _add(a: Kernel | None, b: Kernel | None) -> Kernel | None:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return a.replace(nngp=a.nngp + b.nngp, ntk=None if a.ntk is None else a.ntk + b.ntk,
+                         cov1=a.cov1 + b.cov1, cov2=None if a.cov2 is None else a.cov2 + b.cov2,
+                         is_gaussian=a.is_gaussian and b.is_gaussian)
+
+    def field(self, F, G) -> Kernel | None:
+        """Moments of two fields (or of the input with itself); ``None`` when they are exactly zero."""
+        if isinstance(F, DataIn) or isinstance(G, DataIn):
+            if isinstance(F, DataIn) and isinstance(G, DataIn):
+                return self.k0
+            raise ValueError("smnngp.traced: one weight multiplies both the input and an activation; the input's "
+                             "moments with an infinite-width activation are not defined")
+        total = None
+        for t, c in F.terms:
+            for u, d in G.terms:
+                k = self.term(t, u)
+                if k is not None:
+                    total = self._add(total, self._scaled(k, c, d))
+        if total is not None:
+            total = total.replace(shape1=(self.k0.shape1[0], F.width), shape2=(self.k0.shape2[0], G.width),
+                                  is_gaussian=F.gaussian and G.gaussian and F is G)
+        return total
+
+    def field_or_zero(self, F, G) -> Kernel:
+        k = self.field(F, G)
+        return self.constant(0.0, 0.0, F.width, False) if k is None else k
+
+    # -- pairs of terms -----------------------------------------------------------------------------------
+    def term(self, t, u) -> Kernel | None:
+        key = (id(t), id(u))
+        if key not in self.memo:
+            self.keep.append((t, u))
+            self.memo[key] = self._term(t, u)
+        return self.memo[key]
+
+    def _term(self, t, u) -> Kernel | None:
+        if isinstance(t, Affine) and isinstance(u, Affine):
+            if t.weight != u.weight:
+                return None
+            inner = self.field(t.inp, u.inp)
+            return None if inner is None else t.layer.kernel_map(inner.replace(is_gaussian=True))
+        if isinstance(t, BiasTerm) and isinstance(u, BiasTerm):
+            return self.constant(t.variance, t.ntk, 1, True) if t.leaf == u.leaf else None
+        if isinstance(t, Ones) and isinstance(u, Ones):
+            return self.constant(1.0, 0.0, 1, False)
+        if isinstance(t, Nonlin) and isinstance(u, Nonlin):
+            return self._nonlin_pair(t, u)
+        if isinstance(t, Nonlin) or isinstance(u, Nonlin):
+            nl, other, first = (t, u, True) if isinstance(t, Nonlin) else (u, t, False)
+            if isinstance(other, Ones):
+                m1, m2 = self.mean(nl)
+                return self._outer(m1, m2, None, first, zero_ntk=True)
+            return self._stein(nl, other, first)
+        return None  # a Gaussian with the all-ones vector, or two different Gaussian atoms
+
+    def _outer(self, m1, m2, _unused, first: bool, zero_ntk: bool) -> Kernel:
+        """E[phi(g(x1)) * 1] = m(x1) (``first``), or E[1 * phi(g(x2))] = m(x2)."""
+        ones1 = jnp.ones((self.n1,), self.dtype)
+        ones2 = jnp.ones((self.n2,), self.dtype)
+        nngp = (m1[:, None] * ones2[None, :]) if first else (ones1[:, None] * m2[None, :])
+        return self._kernel(nngp, None if not self.want_ntk else jnp.zeros_like(nngp), m1,
+                            None if self.x2_is_x1 else m2, 1, False)
+
+    # -- activations --------------------------------------------------------------------------------------
+    def activation(self, nl: Nonlin):
+        key = (nl.origin, jnp.dtype(self.dtype).name)
+        if key not in self.recognised:
+            self.recognised[key] = recognise(nl.fn, self.dtype, self.deg)
+        return self.recognised[key]
+
+    def variances(self, g: Field):
+        k = self.field_or_zero(g, g)
+        return k.cov1, (k.cov1 if self.x2_is_x1 else k.cov2), k
+
+    def mean(self, nl: Nonlin):
+        """E[phi(g)] over the points of x1 and of x2."""
+        _, mean, _, _ = self.activation(nl)
+        if mean is None and nl.prod is not None:  # the mean of a product of fields is their second moment
+            k = self.field_or_zero(*nl.prod)
+            return k.cov1, (k.cov1 if self.x2_is_x1 else k.cov2)
+        v1, v2, _ = self.variances(nl.base)
+        if mean is not None:
+            return mean(v1), mean(v2)
+        return gauss_hermite_1d(nl.fn, v1, self.deg), gauss_hermite_1d(nl.fn, v2, self.deg)
+
+    def mean_dot(self, nl: Nonlin):
+        """E[phi'(g)] over the points of x1 and of x2."""
+        _, _, mean_dot, _ = self.activation(nl)
+        v1, v2, _ = self.variances(nl.base)
+        if mean_dot is not None:
+            return mean_dot(v1), mean_dot(v2)
+        dfn = jnp.vectorize(jax.grad(nl.fn))
+        return gauss_hermite_1d(dfn, v1, self.deg), gauss_hermite_1d(dfn, v2, self.deg)
+
+    def _stein(self, nl: Nonlin, atom, first: bool) -> Kernel | None:
+        atom_field = Field(((atom, 1.0),), nl.base.roles, nl.base.width)
+        cross = self.field(nl.base, atom_field) if first else self.field(atom_field, nl.base)
+        if cross is None:
+            return None
+        d1, d2 = self.mean_dot(nl)
+        coef = PerEx(d1, None if self.x2_is_x1 else d2, ("b",))
+        k = self._scaled(cross, coef, 1.0) if first else self._scaled(cross, 1.0, coef)
+        return k.replace(is_gaussian=False)
+
+    def _nonlin_pair(self, t: Nonlin, u: Nonlin) -> Kernel:
+        layer_t, _, _, closed_t = self.activation(t)
+        layer_u, _, _, closed_u = self.activation(u)
+        if not (closed_t and closed_u):
+            self.symmetric = False  # quadrature rules are not symmetric in (x1, x2)
+        if t is u:
+            return layer_t.kernel_map(self.field_or_zero(t.base, t.base).replace(is_gaussian=True))
+        g1, _, kg = self.variances(t.base)
+        _, h2, kh = self.variances(u.base)
+        h1 = kh.cov1
+        g2 = kg.cov1 if self.x2_is_x1 else kg.cov2
+        cross = self.field_or_zero(t.base, u.base)
+        c1 = cross.cov1
+        c2 = cross.cov1 if self.x2_is_x1 else cross.cov2
+        same = layer_t.name == layer_u.name and layer_t.name.startswith(("ABRelu", "Relu", "LeakyRelu", "Abs",
+                                                                         "Erf", "Gelu", "Sin", "Exp", "Sign"))
+        if same:
+            moments = layer_t.moments
+            nngp, dot = moments(cross.nngp, g1[:, None], h2[None, :], self.want_ntk)
+            cov1, _ = moments(c1, g1, h1, False)
+            cov2 = None if self.x2_is_x1 else moments(c2, g2, h2, False)[0]
+        else:
+            self.symmetric = False
+            fa, fb = t.fn, u.fn
+            nngp = gauss_hermite_2d(fa, fb, cross.nngp, g1[:, None], h2[None, :], self.deg)
+            dot = None
+            if self.want_ntk:
+                da, db = jnp.vectorize(jax.grad(fa)), jnp.vectorize(jax.grad(fb))
+                dot = gauss_hermite_2d(da, db, cross.nngp, g1[:, None], h2[None, :], self.deg)
+            cov1 = gauss_hermite_2d(fa, fb, c1, g1, h1, self.deg)
+            cov2 = None if self.x2_is_x1 else gauss_hermite_2d(fa, fb, c2, g2, h2, self.deg)
+        ntk = None if not self.want_ntk else dot * cross.ntk
+        return self._kernel(nngp, ntk, cov1, cov2, t.base.width, False)

@@ -1,0 +1,140 @@
+"""What a variable of a traced program is when every weight's width goes to infinity.
+
+* `Const`: a concrete array that depends on neither the input nor a random parameter (folded already).
+* `Param`: a random parameter leaf (or a reshaped, transposed or rescaled view of it) before it meets an
+  activation.
+* `DataIn`: the input (after any preprocessing that depends on it alone), where it enters a weight.
+* `Field`: an infinite-width activation, ``sum_k coef_k * term_k``; its terms are `Affine` (``W a`` for a weight
+  ``W``: Gaussian), `BiasTerm` (Gaussian), `Ones` (the deterministic all-ones vector) and `Nonlin` (``phi(g)``
+  for a Gaussian field ``g``); a coefficient is a Python float or a `PerEx`.
+* `PerEx`: a number per example that the limit makes deterministic (a mean or a second moment over the width:
+  layer normalisation's statistics), held as one array per input set.
+* `FieldProduct`: the entrywise product of two fields that are not functions of one Gaussian; only its mean over
+  the width (their second moment) has a limit.
+
+Axes carry roles: ``'b'`` the batch, ``'w'`` the width (infinite), ``'f'`` a finite feature axis of the input,
+``'1'`` an axis of size one that broadcasts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Const", "Param", "DataIn", "Field", "Affine", "BiasTerm", "Ones", "Nonlin", "PerEx", "FieldProduct",
+           "new_uid"]
+
+_uids = itertools.count(1)
+
+
+def new_uid() -> int:
+    return next(_uids)
+
+
+@dataclasses.dataclass(eq=False)
+class Const:
+    value: Any
+
+
+@dataclasses.dataclass(eq=False)
+class Param:
+    """Leaf ``leaf`` viewed as ``shape``; ``scale`` multiplies it; ``view`` names the view (reuse identity)."""
+
+    leaf: int
+    shape: tuple
+    scale: float
+    view: tuple
+
+
+@dataclasses.dataclass(eq=False)
+class DataIn:
+    roles: tuple
+
+
+@dataclasses.dataclass(eq=False)
+class PerEx:
+    """Values per example: ``v1`` over the points of x1, ``v2`` over those of x2 (``None``: x2 is x1);
+    ``zero`` marks an exact zero (the mean of a centred field), ``power`` counts factors of the width still in
+    the value (a sum over the width not yet divided by it)."""
+
+    v1: Any
+    v2: Any
+    roles: tuple
+    zero: bool = False
+    power: int = 0
+    power_width: int = 0  # the width summed over, while power is 1
+
+
+class Term:
+    """A basis vector of the width space; compared by identity, ordered by ``uid`` (order of creation)."""
+
+    gaussian = False
+
+    @property
+    def uid(self) -> int:
+        if "_uid" not in self.__dict__:
+            self.__dict__["_uid"] = new_uid()
+        return self.__dict__["_uid"]
+
+
+@dataclasses.dataclass(eq=False)
+class Affine(Term):
+    """``W a``: ``layer`` (a stax Dense with the leaf's variance) maps the moments of ``inp`` to this term's."""
+
+    weight: tuple  # (leaf, view, fan_in): the same tuple for every use of the same weight
+    inp: Any  # Field or DataIn
+    layer: Any
+    gaussian = True
+
+
+@dataclasses.dataclass(eq=False)
+class BiasTerm(Term):
+    leaf: tuple
+    variance: float
+    ntk: float  # what the bias adds to the NTK
+    gaussian = True
+
+
+@dataclasses.dataclass(eq=False)
+class Ones(Term):
+    pass
+
+
+ONES = Ones()
+
+
+@dataclasses.dataclass(eq=False)
+class Nonlin(Term):
+    """``fn(base)`` for the Gaussian field ``base``; ``prod`` = (F, G) when it is the product of two fields
+    (its mean over the width is then their second moment, exactly); ``where`` the source line that made it."""
+
+    fn: Callable
+    base: Any  # Field
+    prod: Any = None
+    where: str = ""
+    origin: int = 0  # the operation that ends the chain (recognition is cached by it)
+
+
+@dataclasses.dataclass(eq=False)
+class Field:
+    terms: tuple  # ((Term, coef), ...)
+    roles: tuple
+    width: int
+
+    @property
+    def gaussian(self) -> bool:
+        return all(t.gaussian for t, _ in self.terms)
+
+    def key(self):
+        """Identity of a Gaussian field with scalar coefficients: the set of (term, coefficient)."""
+        return frozenset((id(t), c) for t, c in self.terms)
+
+
+@dataclasses.dataclass(eq=False)
+class FieldProduct:
+    left: Field
+    right: Field
+    roles: tuple
+    width: int
