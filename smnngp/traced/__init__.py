@@ -61,10 +61,13 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
         name: the network's name in messages (default: ``apply_fn``'s).
 
     Returns:
-        ``(init_fn, apply_fn, kernel_fn)``: ``init_fn(key, input_shape) -> (output_shape, params)`` draws the
-        random leaves from their priors (the finite network that converges to the kernel), ``apply_fn`` is the
-        model's, ``kernel_fn(x1, x2=None, get=None, **kwargs)`` the infinite-width kernel as a `smnngp.stax`
-        kernel_fn.
+        ``(init_fn, apply_fn, kernel_fn)``, neural-tangents' triple: ``init_fn(key, input_shape) ->
+        (output_shape, params)`` draws the finite network (random leaves from their priors; a leaf whose prior has
+        ``parameterization='ntk'`` is held as a standard normal and ``apply_fn`` multiplies it by its standard
+        deviation, so that the empirical NTK of ``(init_fn, apply_fn)`` converges to ``kernel_fn``'s);
+        ``kernel_fn(x1, x2=None, get=None, **kwargs)`` is the infinite-width kernel as a `smnngp.stax`
+        kernel_fn, with ``kernel_fn.activations(input_shape)`` saying how each activation was read and
+        ``kernel_fn.priors`` the prior of every leaf.
 
     Raises:
         TracedError: (a ValueError) for a construction without an infinite-width rule, naming the primitive and
@@ -120,34 +123,70 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
             d2 = evaluate_data(program2, interp2.kind, jnp.asarray(x2), interp2.frontier)[0]
         return layer[2](d1, d2, get, **kwargs)
 
+    def _stds(x_shape, dtype_name) -> list[float]:
+        """Standard deviation of each random leaf (its fan-in read off the program)."""
+        _, interp, _ = program_for(x_shape, dtype_name)
+        stds = []
+        for i, prior in enumerate(random_priors):
+            if isinstance(prior, Weight):
+                if i not in interp.fan_in:
+                    raise TracedError(f"{label}: the weight {random_paths[i]} is never multiplied into an "
+                                      f"activation, so its fan-in is unknown")
+                stds.append(math.sqrt(prior.variance(interp.fan_in[i])))
+            else:
+                stds.append(prior.b_std)
+        return stds
+
+    def _ntk_held(prior) -> bool:
+        return prior.parameterization == "ntk"
+
     def init_fn(key, input_shape):
-        """``(output_shape, params)``: the random leaves drawn from their priors, the fixed ones as given."""
+        """``(output_shape, params)`` of the finite network: each random leaf drawn from its prior; a leaf with
+        ``parameterization='ntk'`` is held as a standard normal (``apply_fn`` multiplies it by its standard
+        deviation), one with ``'standard'`` at its scale; fixed leaves as given."""
         shape = tuple(int(s) for s in input_shape)
-        program, interp, _ = program_for(shape, jnp.dtype(jnp.result_type(float)).name)
+        dtype_name = jnp.dtype(jnp.result_type(float)).name
+        program, _, _ = program_for(shape, dtype_name)
+        stds = _stds(shape, dtype_name)
         keys = jax.random.split(key, max(1, len(random_priors)))
-        drawn, it = [], iter(range(len(random_priors)))
+        drawn, i = [], 0
         for leaf, r in zip(leaves, random):
             if not r:
                 drawn.append(leaf)
                 continue
-            i = next(it)
-            prior = random_priors[i]
-            dtype = getattr(leaf, "dtype", jnp.result_type(float))
-            unit = jax.random.normal(keys[i], jnp.shape(leaf), dtype)
-            if isinstance(prior, Weight):
-                if i not in interp.fan_in:
-                    raise TracedError(f"init_fn of {label}: the weight {random_paths[i]} is never multiplied into "
-                                      f"an activation, so its fan-in is unknown")
-                drawn.append(unit * math.sqrt(prior.variance(interp.fan_in[i])))
-            else:
-                drawn.append(unit * prior.b_std)
+            unit = jax.random.normal(keys[i], jnp.shape(leaf), getattr(leaf, "dtype", jnp.result_type(float)))
+            drawn.append(unit if _ntk_held(random_priors[i]) else unit * stds[i])
+            i += 1
         out_shape = tuple(program.avals[program.out_vars[0]].shape)
         return out_shape, jax.tree_util.tree_unflatten(treedef, drawn)
+
+    def network_apply_fn(params, x, **kwargs):
+        """The model on parameters as `init_fn` holds them (``'ntk'`` leaves rescaled first); the ``rng`` keyword
+        that `smnngp.empirical.monte_carlo_kernel_fn` passes is dropped, other keywords go to the model."""
+        kwargs.pop("rng", None)
+        stds = _stds(tuple(jnp.shape(x)), jnp.dtype(x.dtype).name)
+        flat = jax.tree_util.tree_leaves(params)
+        scaled, i = [], 0
+        for leaf, r in zip(flat, random):
+            if r:
+                leaf = leaf * stds[i] if _ntk_held(random_priors[i]) else leaf
+                i += 1
+            scaled.append(leaf)
+        return apply_fn(jax.tree_util.tree_unflatten(treedef, scaled), x, **kwargs)
+
+    def activations(input_shape, dtype=None) -> list[tuple[str, str]]:
+        """``[(source line, activation), ...]``: how each activation chain of the program was read at inputs of
+        ``input_shape`` (a stax closed form such as ``'Relu'``, or ``'ElementwiseNumerical(...)'`` for
+        quadrature)."""
+        dtype_name = jnp.dtype(dtype or jnp.result_type(float)).name
+        _, interp, _ = program_for(tuple(int(s) for s in input_shape), dtype_name)
+        return list(interp.activation_report.values())
 
     if example_input is not None:
         _program(example_input)
     kernel_fn.priors = dict(zip(paths, prior_list))
-    return init_fn, apply_fn, kernel_fn
+    kernel_fn.activations = activations
+    return init_fn, network_apply_fn, kernel_fn
 
 
 def _dry_run(interp: Interpreter, d_shape: tuple, dtype) -> bool:

@@ -77,15 +77,20 @@ def _abrelu(a, b):
     return layer, mean, mean_dot
 
 
-def _candidates(fn, dtype):
-    """(layer, mean, mean_dot, reference function) for each family whose parameters fit the chain's values."""
+def _candidates(fn, dtype, snap: bool):
+    """(layer, mean, mean_dot, reference function) for each family whose parameters fit the chain's values;
+    with ``snap`` the fitted parameters are rounded to 12 significant digits."""
+
+    def p(x):
+        return float(f"{x:.12g}") if snap else float(x)
+
     at = _values(fn, np.array([-1.0, 0.0, 1.0, 2.0]), dtype)
     if at is None:
         return
     f_m1, f_0, f_1, _ = at
     # a min(u, 0) + b max(u, 0)
     if f_0 == 0.0:
-        a, b = float(-f_m1), float(f_1)
+        a, b = p(-f_m1), p(f_1)
         layer, mean, mean_dot = _abrelu(a, b)
         yield layer, mean, mean_dot, lambda u: a * np.minimum(u, 0) + b * np.maximum(u, 0)
     # u Phi(u), the exact gelu (its tanh approximation is another function: it gets quadrature)
@@ -94,20 +99,20 @@ def _candidates(fn, dtype):
     # a erf(b u) + c, b > 0
     big = _values(fn, np.array([1e4, -1e4]), dtype)
     if big is not None and np.all(np.isfinite(big)):
-        c = float(f_0)
-        a = float((big[0] - big[1]) / 2)
+        c = p(f_0)
+        a = p((big[0] - big[1]) / 2)
         if a != 0.0:
             slope = float(np.asarray(jax.grad(fn)(jnp.asarray(0.0, dtype))))
-            b = slope * math.sqrt(math.pi) / (2 * a)
+            b = p(slope * math.sqrt(math.pi) / (2 * a))
             if b > 0:
                 yield (stax.Erf(a, b, c), lambda v: c * jnp.ones_like(v),
                        lambda v: a * b * 2 / jnp.sqrt(math.pi * (1 + 2 * b * b * v)),
                        lambda u: a * np.asarray(erf(jnp.asarray(b * u, np.float64))) + c)
     # a exp(b u)
     if f_0 != 0.0:
-        a = float(f_0)
+        a = p(f_0)
         slope = float(np.asarray(jax.grad(fn)(jnp.asarray(0.0, dtype))))
-        b = slope / a
+        b = p(slope / a)
         if b != 0.0:
             yield (stax.Exp(a, b), lambda v: a * jnp.exp(b * b * v / 2), lambda v: a * b * jnp.exp(b * b * v / 2),
                    lambda u: a * np.exp(b * u))
@@ -120,9 +125,9 @@ def _candidates(fn, dtype):
     f0, f1, f2, f3 = d
     b2 = -f3 / f1 if f1 != 0 else (-f2 / f0 if f0 != 0 else 0.0)
     if b2 > 0:
-        b = math.sqrt(b2)
-        phase = math.atan2(f0 * b, f1)
-        a = math.hypot(f0, f1 / b)
+        b = p(math.sqrt(b2))
+        phase = p(math.atan2(f0 * b, f1))
+        a = p(math.hypot(f0, f1 / b))
         if a != 0.0:
             yield (stax.Sin(a, b, phase), lambda v: a * math.sin(phase) * jnp.exp(-b * b * v / 2),
                    lambda v: a * b * math.cos(phase) * jnp.exp(-b * b * v / 2),
@@ -138,9 +143,10 @@ def recognise(fn: Callable, dtype, deg: int):
     with jax.ensure_compile_time_eval():  # concrete values even while kernel_fn is being traced
         got = _values(fn, PROBES, dtype)
         if got is not None and np.all(np.isfinite(got)):
-            for layer, mean, mean_dot, ref in _candidates(fn, dtype):
-                if _agrees(got, ref, dtype):
-                    return layer, mean, mean_dot, True
+            for snap in (True, False):  # parameters read off the chain, rounded to 12 digits first (1.0, not
+                for layer, mean, mean_dot, ref in _candidates(fn, dtype, snap):  # 0.9999999999999999)
+                    if _agrees(got, ref, dtype):
+                        return layer, mean, mean_dot, True
     return stax.ElementwiseNumerical(fn, deg), None, None, False
 
 

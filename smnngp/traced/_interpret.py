@@ -115,6 +115,7 @@ class Interpreter:
         self.kind, self.frontier = classify(program)
         self.recognised: dict = {}  # activation of each chain, by the operation that ends it
         self.fan_in: dict = {}  # fan-in of each weight leaf
+        self.activation_report: dict = {}  # chain -> (source line, how it was read)
         if len(self.frontier) > 1:
             op = next(op for op in program.ops if any(i in self.frontier[1:] for i in op.ins))
             raise refuse(op, "the input enters the network through more than one value (the input itself and a "
@@ -140,7 +141,7 @@ class Interpreter:
 
     def run(self, k0):
         """The output's `Kernel` (and whether the evaluation is symmetric in x1, x2)."""
-        m = Moments(k0, self.deg, self.recognised)
+        m = Moments(k0, self.deg, self.recognised, self.activation_report)
         env: dict = {}
         for pos, v in enumerate(self.program.params_vars):
             env[v] = Param(pos, tuple(self.program.avals[v].shape), 1.0, ())
@@ -199,8 +200,9 @@ class Interpreter:
         a, b = ins
         if lb or rb:
             raise refuse(op, "a batched contraction (vmap over examples or heads) is not supported yet")
-        if isinstance(a, Param) and isinstance(b, (Field, DataIn)):
-            raise refuse(op, "the weight is on the left (W @ x.T): write x @ W so the batch stays first")
+        weight_left = isinstance(a, Param) and isinstance(b, (Field, DataIn))
+        if weight_left:  # W @ x.T (a vmapped W @ x, as Equinox's Linear): (width, batch), transposed later
+            a, b, lc, rc = b, a, rc, lc
         if not (isinstance(b, Param) and isinstance(a, (Field, DataIn))):
             if isinstance(a, Field) and isinstance(b, Field):
                 raise refuse(op, "a product of two activations contracted over the width (attention scores) is "
@@ -222,8 +224,10 @@ class Interpreter:
         variance = prior.variance(fan_in) * b.scale**2
         W_std = math.sqrt(variance * fan_in)
         layer = stax.Dense(n_out, W_std=W_std, parameterization=prior.parameterization)
+        if a.roles[0] != "b":
+            raise refuse(op, f"activations with axes {a.roles} enter a weight; the batch axis must come first")
         term = Affine((b.leaf, b.view, rc[0]), a, layer)
-        return Field(((term, 1.0),), ("b", "w"), n_out)
+        return Field(((term, 1.0),), ("w", "b") if weight_left else ("b", "w"), n_out)
 
     def _bias(self, op: Op, p: Param, width: int, sign: float) -> Field:
         prior = self._prior(p)
@@ -305,7 +309,12 @@ class Interpreter:
         if isinstance(v, Param):
             shape = tuple(v.shape[p] for p in perm)
             return Param(v.leaf, shape, v.scale, v.view + (("transpose", tuple(perm)),))
-        raise refuse(op, "a transpose of activations (this version keeps them as (batch, width))")
+        if isinstance(v, Field):
+            roles = tuple(v.roles[p] for p in perm)
+            if roles not in (("b", "w"), ("w", "b")):
+                raise refuse(op, f"a transpose of activations to axes {roles}")
+            return Field(v.terms, roles, v.width)
+        raise refuse(op, f"a transpose of {type(v).__name__}")
 
     # -- entrywise operations ----------------------------------------------------------------------------
     def _elementwise(self, op: Op, ins, m: Moments):
@@ -600,6 +609,8 @@ def _as_function(f: Field):
             return None
         alpha = ratios.pop()
     parts = [(t.fn, c) for t, c in nonlin]
+    if not alpha and not shift and len(parts) == 1 and parts[0][1] == 1.0:
+        return base, parts[0][0]  # keeps the chain's dtype (a comparison's booleans for select_n)
 
     def fn(u):
         out = alpha * u if alpha else 0.0

@@ -38,8 +38,9 @@ def side_values(coef, x2_is_x1: bool):
 class Moments:
     """The moments of one evaluation (one pair of inputs, or one tile of them), from the input kernel ``k0``."""
 
-    def __init__(self, k0: Kernel, deg: int, recognised: dict):
+    def __init__(self, k0: Kernel, deg: int, recognised: dict, report: dict):
         self.recognised = recognised
+        self.report = report
         self.k0 = k0
         self.deg = deg
         self.memo: dict = {}
@@ -152,6 +153,7 @@ class Moments:
         key = (nl.origin, jnp.dtype(self.dtype).name)
         if key not in self.recognised:
             self.recognised[key] = recognise(nl.fn, self.dtype, self.deg)
+            self.report[nl.origin] = (nl.where, self.recognised[key][0].name)
         return self.recognised[key]
 
     def variances(self, g: Field):

@@ -122,6 +122,8 @@ def _default(path: str, paths: set[str], leaf) -> Prior | None:
         # Equinox draws the bias from the same uniform as the weight: its variance depends on the fan-in, read off
         # the weight's shape (out, in, *window) at resolution time.
         return "equinox-bias"  # type: ignore[return-value]
+    if path.startswith("batch_stats/"):  # Flax's running statistics: values, not random
+        return Fixed()
     if name in ("scale", "embedding", "bias") or jax.numpy.ndim(leaf) == 0:
         return Fixed()  # normalisation scales and offsets (Flax LayerNorm's scale and bias), embeddings
     return None

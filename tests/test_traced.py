@@ -1,0 +1,260 @@
+"""smnngp.traced: the infinite-width kernel of a model written in Flax or plain JAX, read from its program.
+
+Same network, two spellings: written with `smnngp.stax` and written in Flax linen or plain JAX, the traced kernel
+equals the stax kernel to 1e-12 (float64), NNGP and NTK, for x2 = None and for two input sets. Finite networks
+drawn by the returned ``init_fn`` converge to it (Monte Carlo). Every refused construction names the primitive
+and the user's line.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from smnngp import stax, traced
+
+nn = pytest.importorskip("flax.linen", reason="the Flax spellings need flax (pip install -e '.[traced]')")
+
+X1 = jax.random.normal(jax.random.PRNGKey(1), (5, 4))
+X2 = jax.random.normal(jax.random.PRNGKey(2), (3, 4))
+TOL = 1e-12
+
+
+def _assert_same(kernel_fn, stax_kernel_fn, tol=TOL):
+    for x1, x2 in ((X1, None), (X1, X2)):
+        got, want = kernel_fn(x1, x2), stax_kernel_fn(x1, x2)
+        for name in ("nngp", "ntk", "cov1"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.shape == b.shape, (name, a.shape, b.shape)
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
+        if x2 is not None:
+            np.testing.assert_allclose(got.cov2, want.cov2, rtol=tol, atol=tol)
+        assert got.shape1 == want.shape1 and got.is_gaussian == want.is_gaussian
+
+
+class _MLP(nn.Module):
+    act: object
+    width: int = 64
+    depth: int = 3
+
+    @nn.compact
+    def __call__(self, x):
+        for _ in range(self.depth):
+            x = self.act(nn.Dense(self.width)(x))
+        return nn.Dense(1)(x)
+
+
+@pytest.mark.parametrize("act, layer", [
+    (nn.relu, stax.Relu()),
+    (jax.scipy.special.erf, stax.Erf()),
+    (lambda x: nn.gelu(x, approximate=False), stax.Gelu()),
+    (lambda x: jnp.where(x > 0, x, 0.2 * x), stax.LeakyRelu(0.2)),
+], ids=["relu", "erf", "gelu", "leaky-where"])
+def test_flax_mlp_equals_the_stax_mlp(act, layer):
+    model = _MLP(act)
+    params = model.init(jax.random.PRNGKey(0), X1)
+    _, _, kernel_fn = traced.infinite_width(model.apply, params)
+    _, _, stax_kernel_fn = stax.serial(*([stax.Dense(64), layer] * 3), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn)
+    # the chain was read as the closed form, not integrated
+    names = {how for _, how in kernel_fn.activations(X1.shape)}
+    assert names == {layer.name}, names
+
+
+def test_equinox_mlp_with_its_own_initialiser_scales_equals_stax():
+    eqx = pytest.importorskip("equinox", reason="the Equinox spelling needs equinox (pip install -e '.[traced]')")
+    model = eqx.nn.MLP(4, 1, 16, 2, activation=jax.nn.relu, key=jax.random.PRNGKey(0))
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def apply(p, x):
+        return jax.vmap(eqx.combine(p, static))(x)
+
+    _, _, kernel_fn = traced.infinite_width(apply, params)
+    # Equinox draws weights and biases from U(-1/sqrt(fan_in), 1/sqrt(fan_in)): variance 1 / (3 fan_in)
+    w, b_in, b_hid = 1 / np.sqrt(3), 1 / np.sqrt(12), 1 / np.sqrt(48)
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(16, w, b_in), stax.Relu(), stax.Dense(16, w, b_hid), stax.Relu(),
+                                       stax.Dense(1, w, b_hid))
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+
+def test_plain_jax_ntk_style_with_biases_and_tanh_takes_quadrature():
+    def apply(params, x):
+        for W, b in params[:-1]:
+            x = jnp.tanh(x @ W * (1.5 / jnp.sqrt(W.shape[0])) + 0.1 * b)
+        W, b = params[-1]
+        return x @ W * (1.5 / jnp.sqrt(W.shape[0])) + 0.1 * b
+
+    params = [(jnp.ones((4, 16)), jnp.ones((1, 16))), (jnp.ones((16, 16)), jnp.ones((1, 16))),
+              (jnp.ones((16, 1)), jnp.ones((1, 1)))]
+    priors = {"*/0": traced.Weight(1.0, init="unit"), "*/1": traced.Bias(1.0)}
+    _, _, kernel_fn = traced.infinite_width(apply, params, priors=priors, quadrature_degree=24)
+    tanh = stax.ElementwiseNumerical(jnp.tanh, 24)
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(16, 1.5, 0.1), tanh, stax.Dense(16, 1.5, 0.1), tanh,
+                                       stax.Dense(1, 1.5, 0.1))
+    _assert_same(kernel_fn, stax_kernel_fn)
+    lines = kernel_fn.activations(X1.shape)
+    assert all(how.startswith("ElementwiseNumerical") for _, how in lines) and len(lines) == 2
+    assert all("test_traced.py" in where for where, _ in lines), lines
+
+
+def test_hand_written_residual_block_equals_the_stax_residual():
+    class Res(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(32)(x)
+            h = h + nn.Dense(32)(nn.relu(h))
+            return nn.Dense(1)(nn.relu(h))
+
+    model = Res()
+    _, _, kernel_fn = traced.infinite_width(model.apply, model.init(jax.random.PRNGKey(0), X1))
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Dense(32), stax.FanOut(2), stax.parallel(stax.Identity(), stax.serial(stax.Relu(), stax.Dense(32))),
+        stax.FanInSum(), stax.Relu(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+
+def test_flax_layer_norm_equals_the_stax_layer_norm():
+    class LN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.LayerNorm(epsilon=1e-12)(nn.Dense(32)(x))
+            return nn.Dense(1)(nn.relu(h))
+
+    model = LN()
+    _, _, kernel_fn = traced.infinite_width(model.apply, model.init(jax.random.PRNGKey(0), X1))
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(32), stax.LayerNorm(eps=1e-12), stax.Relu(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+
+def test_standard_parameterisation_and_explicit_scales():
+    model = _MLP(nn.relu, width=16, depth=2)
+    params = model.init(jax.random.PRNGKey(0), X1)
+    priors = {"*/kernel": traced.Weight(1.3, parameterization="standard"),
+              "*/bias": traced.Bias(0.4, parameterization="standard")}
+    _, _, kernel_fn = traced.infinite_width(model.apply, params, priors=priors)
+    std = dict(W_std=1.3, b_std=0.4, parameterization="standard")
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(16, **std), stax.Relu(), stax.Dense(16, **std), stax.Relu(),
+                                       stax.Dense(1, **std))
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+
+def test_kernel_fn_jits_and_feeds_the_posterior():
+    from smnngp import posterior, priors
+
+    model = _MLP(nn.relu, width=8, depth=1)
+    _, _, kernel_fn = traced.infinite_width(model.apply, model.init(jax.random.PRNGKey(0), X1))
+    eager = kernel_fn(X1, X2, get="nngp")
+    jitted = jax.jit(kernel_fn, static_argnames="get")(X1, X2, get="nngp")
+    np.testing.assert_allclose(jitted, eager, rtol=1e-14)
+    y = jnp.sin(X1[:, 0])
+    stp = posterior.fit(kernel_fn, X1, y, priors.InverseGamma(2.0, 2.0), noise=0.01)  # a Student-t process on it
+    pred = stp.predict(X2)
+    assert pred.mean.shape == (3,) and np.all(np.isfinite(np.asarray(pred.variance)))
+    assert stp.df == 4.0 + 5
+
+
+def test_finite_flax_networks_converge_to_the_traced_kernel():
+    """Monte Carlo of the network that init_fn draws: NNGP and NTK close, the error falling with the samples."""
+    from smnngp.empirical import monte_carlo_kernel_fn
+
+    class Wide(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(2):
+                x = nn.relu(nn.Dense(256)(x))
+            return nn.Dense(16)(x)  # 16 outputs (traced over) average the per-sample noise
+
+    model = Wide()
+    params = model.init(jax.random.PRNGKey(0), X1)
+    init_fn, apply_fn, kernel_fn = traced.infinite_width(model.apply, params, priors={"*/bias": traced.Bias(0.2)})
+    exact = kernel_fn(X1, None, get=("nngp", "ntk"))
+    mc = monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(3), [4, 128], samples_per_call=4)
+    errors = []
+    for est in mc(X1, None, get=("nngp", "ntk")):
+        errors.append([float(jnp.max(jnp.abs(e - x)) / jnp.max(jnp.abs(x))) for e, x in zip(est, exact)])
+    (nngp4, ntk4), (nngp128, ntk128) = errors
+    # 128 samples x 16 outputs: relative standard errors near 3 %, the finite-width bias ~1/256
+    assert nngp128 < 0.1 and ntk128 < 0.1, errors
+    assert nngp128 < nngp4 and ntk128 < ntk4, errors
+
+
+# -- refused constructions: each names the primitive and the user's line -------------------------------------
+
+def _line_of(fn, text):
+    src, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(src) if text in line)
+
+
+def _refused(apply, params, match, line_text, priors=None):
+    with pytest.raises(traced.TracedError, match=match) as err:
+        traced.infinite_width(apply, params, priors=priors, example_input=X1)
+    assert f"test_traced.py:{_line_of(apply, line_text)}" in str(err.value), str(err.value)
+    return str(err.value)
+
+
+W = {"W1": jnp.ones((4, 8)), "W2": jnp.ones((8, 1))}
+PRIORS = {"W*": traced.Weight(1.0)}
+
+
+def test_batch_statistics_are_refused():
+    def apply(p, x):
+        h = x @ p["W1"]
+        h = h - jnp.mean(h, axis=0, keepdims=True)  # batch statistics
+        return jax.nn.relu(h) @ p["W2"]
+
+    msg = _refused(apply, W, "reduce_sum", "batch statistics", PRIORS)
+    assert "batch" in msg
+
+
+def test_a_nonlinearity_of_two_independent_activations_is_refused():
+    def apply(p, x):
+        a = jax.nn.relu(x @ p["W1"])
+        b = x @ p["W3"]
+        return jnp.tanh(a + b) @ p["W2"]  # two Gaussians inside one nonlinearity
+
+    params = dict(W, W3=jnp.ones((4, 8)))
+    _refused(apply, params, "tanh", "two Gaussians", PRIORS)
+
+
+def test_a_maximum_over_the_width_is_refused():
+    def apply(p, x):
+        h = jax.nn.relu(x @ p["W1"])
+        return jnp.max(h, axis=1, keepdims=True) * (h @ p["W2"])  # max over width
+
+    _refused(apply, W, "reduce_max", "max over width", PRIORS)
+
+
+def test_a_loop_is_refused_for_now():
+    def apply(p, x):
+        h = x @ p["W1"]
+        h, _ = jax.lax.scan(lambda c, _: (jnp.tanh(c), None), h, None, length=2)  # a loop
+        return h @ p["W2"]
+
+    _refused(apply, W, "scan", "a loop", PRIORS)
+
+
+def test_a_sum_over_the_width_not_divided_by_it_is_refused():
+    def apply(p, x):
+        h = jax.nn.relu(x @ p["W1"])
+        s = jnp.sum(h * h, axis=1, keepdims=True)
+        return (h / s) @ p["W2"]  # divides by a sum that grows with the width
+
+    _refused(apply, W, "grows without bound", "grows with the width", PRIORS)
+
+
+def test_parameters_without_a_prior_are_named():
+    def apply(p, x):
+        return x @ p["A"]
+
+    with pytest.raises(ValueError, match=r"no prior for the parameters \['A'\]"):
+        traced.infinite_width(apply, {"A": jnp.ones((4, 1))})
+    with pytest.raises(ValueError, match="matches no parameter"):
+        traced.infinite_width(apply, {"A": jnp.ones((4, 1))}, priors={"B": traced.Weight()})
+    with pytest.raises(ValueError, match="W_std must be positive"):
+        traced.Weight(-1.0)
+    with pytest.raises(ValueError, match="parameterization"):
+        traced.Bias(0.1, parameterization="mup")
