@@ -81,6 +81,28 @@ def test_equinox_mlp_with_its_own_initialiser_scales_equals_stax():
     _assert_same(kernel_fn, stax_kernel_fn)
 
 
+def test_flax_nnx_mlp_equals_stax():
+    nnx = pytest.importorskip("flax.nnx", reason="the NNX spelling needs flax >= 0.10")
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(4, 32, rngs=rngs)
+            self.l2 = nnx.Linear(32, 32, rngs=rngs)
+            self.out = nnx.Linear(32, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(jax.nn.gelu(self.l2(jax.nn.relu(self.l1(x))), approximate=False))
+
+    graphdef, state = nnx.split(MLP(nnx.Rngs(0)))
+
+    def apply(state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    _, _, kernel_fn = traced.infinite_width(apply, state)
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(32), stax.Relu(), stax.Dense(32), stax.Gelu(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+
 def test_plain_jax_ntk_style_with_biases_and_tanh_takes_quadrature():
     def apply(params, x):
         for W, b in params[:-1]:
@@ -235,6 +257,15 @@ def test_a_loop_is_refused_for_now():
         return h @ p["W2"]
 
     _refused(apply, W, "scan", "a loop", PRIORS)
+
+
+def test_weight_reuse_is_refused_for_now():
+    def apply(p, x):
+        h = jax.nn.relu(x @ p["W1"])
+        h = jax.nn.relu(h @ p["W3"])
+        return jax.nn.relu(h @ p["W3"]) @ p["W2"]  # W3 again
+
+    _refused(apply, dict(W, W3=jnp.ones((8, 8))), "used a second time", "W3 again", PRIORS)
 
 
 def test_a_sum_over_the_width_not_divided_by_it_is_refused():

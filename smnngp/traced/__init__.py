@@ -85,13 +85,22 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
     random_paths = [p for p, r in zip(paths, random) if r]
     label = name or getattr(apply_fn, "__qualname__", None) or "traced"
 
+    # what does not depend on the batch size (how each chain was read, whether the kernel is symmetric), shared by
+    # the programs traced at every batch size of one feature shape
+    per_features: dict = {}
+
     @functools.lru_cache(maxsize=32)
     def program_for(shape: tuple, dtype: str):
         program = trace(apply_fn, leaves, treedef, random, shape, jnp.dtype(dtype))
-        interp = Interpreter(program, random_priors, random_paths, int(quadrature_degree))
+        shared = per_features.setdefault((shape[1:], dtype), {"recognised": {}, "report": {},
+                                                                     "symmetric": None})
+        interp = Interpreter(program, random_priors, random_paths, int(quadrature_degree), shared["recognised"],
+                             shared["report"])
         d_shape = tuple(program.avals[interp.frontier[0]].shape)
         out_shape = tuple(program.avals[program.out_vars[0]].shape)
-        symmetric = _dry_run(interp, d_shape, jnp.dtype(dtype))
+        if shared["symmetric"] is None:
+            shared["symmetric"] = _dry_run(interp, d_shape, jnp.dtype(dtype))
+        symmetric = shared["symmetric"]
 
         def kernel_map(k):
             return interp.run(k)[0]

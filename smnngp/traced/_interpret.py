@@ -107,15 +107,20 @@ def _uniform_scalar(value, op: Op, what: str) -> float:
 class Interpreter:
     """Runs a program's network part on the kernel ``k0`` of its input (one `Moments` per evaluation)."""
 
-    def __init__(self, program: Program, priors: list, random_index: list[int], deg: int):
+    def __init__(self, program: Program, priors: list, random_index: list[int], deg: int,
+                 recognised: dict | None = None, report: dict | None = None):
         self.program = program
+        self.position = {id(op): i for i, op in enumerate(program.ops)}
         self.priors = priors  # per random leaf (in params_vars order)
         self.random_index = random_index  # position of each random leaf among all leaves (for messages)
         self.deg = deg
         self.kind, self.frontier = classify(program)
-        self.recognised: dict = {}  # activation of each chain, by the operation that ends it
+        # activation of each chain, by the position of the operation that ends it: programs traced at other batch
+        # sizes have the same operations in the same order and share the dict
+        self.recognised: dict = {} if recognised is None else recognised
         self.fan_in: dict = {}  # fan-in of each weight leaf
-        self.activation_report: dict = {}  # chain -> (source line, how it was read)
+        self.activation_report: dict = {} if report is None else report  # chain -> (source line, how read)
+        self.uses: dict = {}  # weight leaf -> the operations that multiply by it
         if len(self.frontier) > 1:
             op = next(op for op in program.ops if any(i in self.frontier[1:] for i in op.ins))
             raise refuse(op, "the input enters the network through more than one value (the input itself and a "
@@ -219,6 +224,11 @@ class Interpreter:
             raise refuse(op, f"the contraction {op.params['dimension_numbers']} is not a dense layer over the last "
                              f"axis (batch, features) @ (features, width)")
         fan_in = b.shape[rc[0]]
+        uses = self.uses.setdefault(b.leaf, set())
+        uses.add(id(op))
+        if len(uses) > 1:
+            raise refuse(op, f"the weight {self.random_index[b.leaf]} is used a second time (weight reuse: tied "
+                             f"weights, a recurrent step written out); reuse is not supported yet")
         self.fan_in[b.leaf] = fan_in
         n_out = b.shape[1 - rc[0]]
         variance = prior.variance(fan_in) * b.scale**2
@@ -405,7 +415,7 @@ class Interpreter:
         funcs = [_as_function(v) for v in fields]
         if all(f is not None for f in funcs) and len({_base_key(b) for b, _ in funcs}) == 1:
             fn = self._compose(op, ins, {id(v): f for v, (_, f) in zip(fields, funcs)})
-            nl = Nonlin(fn, funcs[0][0], _product_pair(op, ins), op.where, origin=id(op))
+            nl = Nonlin(fn, funcs[0][0], _product_pair(op, ins), op.where, origin=self.position[id(op)])
             return Field(((nl, 1.0),), fields[0].roles, fields[0].width)
         pair = _product_pair(op, ins)
         if pair is not None:

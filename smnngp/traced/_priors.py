@@ -104,7 +104,12 @@ def _key_name(entry) -> str:
 def leaf_paths(params) -> tuple[list[str], list[Any], Any]:
     """``(paths, leaves, treedef)`` of ``params``, each path the keys joined by ``/``."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-    paths = ["/".join(_key_name(e) for e in path) for path, _ in flat]
+    paths = []
+    for path, _ in flat:
+        keys = [_key_name(e) for e in path]
+        if len(keys) > 1 and keys[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+            keys = keys[:-1]  # a Flax NNX Variable holds its array in .value: the leaf is named by the Variable
+        paths.append("/".join(keys))
     return paths, [leaf for _, leaf in flat], treedef
 
 
