@@ -85,11 +85,6 @@ def evaluate_data(program: Program, kind: dict[int, str], x, wanted: list[int]) 
     return [env[v] for v in wanted]
 
 
-def data_roles(program: Program, kind, var: int) -> tuple:
-    """Roles of a frontier variable: the batch first, finite features after (dense inputs only, for now)."""
-    return ("b",) + ("f",) * (len(program.avals[var].shape) - 1)
-
-
 # -- the interpreter ----------------------------------------------------------------------------------------
 
 def _uniform_scalar(value, op: Op, what: str) -> float:

@@ -136,11 +136,11 @@ class Moments:
             nl, other, first = (t, u, True) if isinstance(t, Nonlin) else (u, t, False)
             if isinstance(other, Ones):
                 m1, m2 = self.mean(nl)
-                return self._outer(m1, m2, None, first, zero_ntk=True)
+                return self._outer(m1, m2, first)
             return self._stein(nl, other, first)
         return None  # a Gaussian with the all-ones vector, or two different Gaussian atoms
 
-    def _outer(self, m1, m2, _unused, first: bool, zero_ntk: bool) -> Kernel:
+    def _outer(self, m1, m2, first: bool) -> Kernel:
         """E[phi(g(x1)) * 1] = m(x1) (``first``), or E[1 * phi(g(x2))] = m(x2)."""
         ones1 = jnp.ones((self.n1,), self.dtype)
         ones2 = jnp.ones((self.n2,), self.dtype)
