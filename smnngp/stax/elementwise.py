@@ -693,6 +693,15 @@ def gauss_hermite_2d(f1: Callable, f2: Callable, c, v1, v2, deg: int):
     return total / math.pi
 
 
+def gauss_hermite_1d(f: Callable, v, deg: int):
+    """E[f(u)] for u ~ N(0, v) by ``deg``-point Gauss-Hermite quadrature (v an array)."""
+    nodes, weights = np.polynomial.hermite.hermgauss(int(deg))
+    x = jnp.asarray(nodes, v.dtype)
+    w = jnp.asarray(weights, v.dtype)
+    s = jnp.sqrt(2 * jnp.maximum(v, 0))[..., None]
+    return (f(s * x) @ w) / math.sqrt(math.pi)
+
+
 def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> Layer:
     """Any elementwise phi by ``deg``-point Gauss-Hermite quadrature in two dimensions.
 

@@ -148,12 +148,3 @@ def recognise(fn: Callable, dtype, deg: int):
                     if _agrees(got, ref, dtype):
                         return layer, mean, mean_dot, True
     return stax.ElementwiseNumerical(fn, deg), None, None, False
-
-
-def gauss_hermite_1d(f: Callable, v, deg: int):
-    """E[f(u)] for u ~ N(0, v) by ``deg``-point Gauss-Hermite quadrature (v an array)."""
-    nodes, weights = np.polynomial.hermite.hermgauss(int(deg))
-    x = jnp.asarray(nodes, v.dtype)
-    w = jnp.asarray(weights, v.dtype)
-    s = jnp.sqrt(2 * jnp.maximum(v, 0))[..., None]
-    return (f(s * x) @ w) / math.sqrt(math.pi)

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from smnngp.kernels import Kernel
-from smnngp.stax.elementwise import gauss_hermite_2d
-from smnngp.traced._activations import gauss_hermite_1d, recognise
+from smnngp.stax.elementwise import gauss_hermite_1d, gauss_hermite_2d
+from smnngp.traced._activations import recognise
 from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Nonlin, Ones, PerEx
 
 __all__ = ["Moments", "side_values"]

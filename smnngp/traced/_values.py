@@ -68,7 +68,7 @@ class PerEx:
 
 
 class Term:
-    """A basis vector of the width space; compared by identity, ordered by ``uid`` (order of creation)."""
+    """A basis vector of the width space; compared by identity, ordered by ``uid`` (numbered when first asked)."""
 
     gaussian = False
 
