@@ -22,8 +22,6 @@ from jax.scipy.special import erf
 
 from smnngp import stax
 
-__all__ = ["recognise", "PROBES"]
-
 
 def _probe_points() -> np.ndarray:
     mags = np.concatenate([np.logspace(-6, 4, 121), np.linspace(0.05, 6.0, 120)])

@@ -19,8 +19,6 @@ from smnngp.traced._priors import Bias, Weight
 from smnngp.traced._program import Op, Program
 from smnngp.traced._values import ONES, Affine, BiasTerm, Const, DataIn, Field, FieldProduct, Nonlin, Param, PerEx
 
-__all__ = ["TracedError", "classify", "evaluate_data", "Interpreter"]
-
 # Primitives that act entry by entry (the chains of an activation are made of them).
 ELEMENTWISE = frozenset({
     "add", "sub", "mul", "div", "neg", "max", "min", "abs", "sign", "exp", "exp2", "log", "log1p", "expm1",

@@ -25,8 +25,6 @@ from smnngp.stax.elementwise import gauss_hermite_1d, gauss_hermite_2d
 from smnngp.traced._activations import recognise
 from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Nonlin, Ones, PerEx
 
-__all__ = ["Moments", "side_values"]
-
 
 def side_values(coef, x2_is_x1: bool):
     """A coefficient's values over the points of x1 and of x2 (floats stay floats)."""

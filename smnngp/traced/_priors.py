@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["Weight", "Bias", "Fixed", "leaf_paths", "resolve_priors"]
+__all__ = ["Weight", "Bias", "Fixed"]  # leaf_paths / resolve_priors serve smnngp.traced itself
 
 _PARAMETERIZATIONS = ("ntk", "standard")
 _INITS = ("fan_in", "unit")

@@ -18,8 +18,6 @@ import numpy as np
 from jax.extend import core as jcore
 from jax.extend import source_info_util
 
-__all__ = ["Op", "Program", "trace", "CALL_PRIMITIVES"]
-
 # Equations whose body is inlined: calls that do not change what the body computes.
 CALL_PRIMITIVES = frozenset({
     "jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",

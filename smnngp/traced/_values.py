@@ -23,9 +23,6 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Const", "Param", "DataIn", "Field", "Affine", "BiasTerm", "Ones", "Nonlin", "PerEx", "FieldProduct",
-           "new_uid"]
-
 _uids = itertools.count(1)
 
 
