@@ -24,14 +24,14 @@ X2 = jax.random.normal(jax.random.PRNGKey(2), (3, 4))
 TOL = 1e-12
 
 
-def _assert_same(kernel_fn, stax_kernel_fn, tol=TOL):
-    for x1, x2 in ((X1, None), (X1, X2)):
-        got, want = kernel_fn(x1, x2), stax_kernel_fn(x1, x2)
+def _assert_same(kernel_fn, stax_kernel_fn, tol=TOL, x1=X1, x2=X2):
+    for first, second in ((x1, None), (x1, x2)):
+        got, want = kernel_fn(first, second), stax_kernel_fn(first, second)
         for name in ("nngp", "ntk", "cov1"):
             a, b = getattr(got, name), getattr(want, name)
             assert a.shape == b.shape, (name, a.shape, b.shape)
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
-        if x2 is not None:
+        if second is not None:
             np.testing.assert_allclose(got.cov2, want.cov2, rtol=tol, atol=tol)
         assert got.shape1 == want.shape1 and got.is_gaussian == want.is_gaussian
 
@@ -204,6 +204,140 @@ def test_finite_flax_networks_converge_to_the_traced_kernel():
     assert nngp128 < nngp4 and ntk128 < ntk4, errors
 
 
+# -- convolutional networks: any layout, pooling, flattening, residual blocks --------------------------------
+
+IM1 = jax.random.normal(jax.random.PRNGKey(4), (3, 6, 6, 2))  # NHWC
+IM2 = jax.random.normal(jax.random.PRNGKey(5), (2, 6, 6, 2))
+
+
+def _nchw(x):
+    return jnp.transpose(x, (0, 3, 1, 2))
+
+
+def test_flax_cnn_with_pooling_strides_and_global_mean_equals_the_stax_cnn():
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(8, (3, 3))(x))  # 'SAME'
+            x = nn.avg_pool(x, (2, 2), strides=(1, 1), padding="SAME")
+            x = jax.lax.erf(nn.Conv(8, (2, 2), strides=(2, 2), padding="VALID")(x))
+            return nn.Dense(2)(jnp.mean(x, axis=(1, 2)))
+
+    model = CNN()
+    params = model.init(jax.random.PRNGKey(0), IM1)
+    _, _, kernel_fn = traced.infinite_width(model.apply, params, priors={"*/bias": traced.Bias(0.3)})
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Conv(8, (3, 3), padding="SAME", b_std=0.3), stax.Relu(),
+        stax.AvgPool((2, 2), (1, 1), padding="SAME"),
+        stax.Conv(8, (2, 2), (2, 2), padding="VALID", b_std=0.3), stax.Erf(),
+        stax.GlobalAvgPool(), stax.Dense(2, b_std=0.3))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=IM1, x2=IM2)
+
+
+def test_flax_wide_resnet_blocks_equal_the_stax_wide_resnet():
+    """Two WideResNet blocks (identity shortcut, then a strided convolution in the shortcut), as in
+    neural-tangents' WideResnet, written by hand in Flax."""
+
+    class WRN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(4, (3, 3))(x)
+            h = nn.Conv(4, (3, 3))(nn.relu(nn.Conv(4, (3, 3))(nn.relu(x))))
+            x = x + h
+            h = nn.Conv(6, (3, 3))(nn.relu(nn.Conv(6, (3, 3), strides=(2, 2))(nn.relu(x))))
+            x = h + nn.Conv(6, (3, 3), strides=(2, 2))(x)
+            x = nn.avg_pool(nn.relu(x), (2, 2), strides=(2, 2), padding="SAME")
+            return nn.Dense(1)(x.reshape((x.shape[0], -1)))
+
+    def block(channels, strides, mismatch):
+        main = stax.serial(stax.Relu(), stax.Conv(channels, (3, 3), strides, padding="SAME", b_std=0.0),
+                           stax.Relu(), stax.Conv(channels, (3, 3), padding="SAME", b_std=0.0))
+        shortcut = stax.Conv(channels, (3, 3), strides, padding="SAME", b_std=0.0) if mismatch else stax.Identity()
+        return stax.serial(stax.FanOut(2), stax.parallel(main, shortcut), stax.FanInSum())
+
+    model = WRN()
+    params = model.init(jax.random.PRNGKey(0), IM1)
+    _, _, kernel_fn = traced.infinite_width(model.apply, params)
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Conv(4, (3, 3), padding="SAME", b_std=0.0), block(4, (1, 1), False), block(6, (2, 2), True),
+        stax.Relu(), stax.AvgPool((2, 2), (2, 2), padding="SAME"), stax.Flatten(), stax.Dense(1, b_std=0.0))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=IM1, x2=IM2)
+
+
+def test_equinox_cnn_in_channels_first_layout_equals_stax():
+    """Equinox convolves one (C, H, W) example at a time; vmapped over the batch, with its uniform initialisers and
+    a tanh that takes quadrature."""
+    eqx = pytest.importorskip("equinox", reason="the Equinox spelling needs equinox (pip install -e '.[traced]')")
+
+    class CNN(eqx.Module):
+        c1: eqx.nn.Conv2d
+        c2: eqx.nn.Conv2d
+        out: eqx.nn.Linear
+
+        def __init__(self, key):
+            k1, k2, k3 = jax.random.split(key, 3)
+            self.c1 = eqx.nn.Conv2d(2, 4, 3, padding=1, key=k1)
+            self.c2 = eqx.nn.Conv2d(4, 4, 3, padding=1, key=k2)
+            self.out = eqx.nn.Linear(4 * 3 * 3, 1, key=k3)
+
+        def __call__(self, x):
+            x = eqx.nn.AvgPool2d(2, 2)(jax.nn.relu(self.c1(x)))
+            return self.out(jnp.tanh(self.c2(x)).reshape(-1))
+
+    params, static = eqx.partition(CNN(jax.random.PRNGKey(0)), eqx.is_array)
+
+    def apply(p, x):
+        return jax.vmap(eqx.combine(p, static))(x)
+
+    _, _, kernel_fn = traced.infinite_width(apply, params)
+    s = 1.0 / np.sqrt(3.0)  # U(-1/sqrt(fan_in), 1/sqrt(fan_in)): W_std = 1/sqrt(3), b_std = 1/sqrt(3 fan_in)
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Conv(4, (3, 3), padding="SAME", W_std=s, b_std=s / np.sqrt(18)), stax.Relu(),
+        stax.AvgPool((2, 2), (2, 2)),
+        stax.Conv(4, (3, 3), padding="SAME", W_std=s, b_std=s / np.sqrt(36)), stax.ElementwiseNumerical(jnp.tanh, 32),
+        stax.Flatten(), stax.Dense(1, W_std=s, b_std=s / np.sqrt(36)))
+
+    def nhwc_kernel_fn(x1, x2=None):
+        return stax_kernel_fn(jnp.transpose(x1, (0, 2, 3, 1)), None if x2 is None else jnp.transpose(x2, (0, 2, 3, 1)))
+
+    _assert_same(kernel_fn, nhwc_kernel_fn, x1=_nchw(IM1), x2=_nchw(IM2))
+    assert [how for _, how in kernel_fn.activations(_nchw(IM1).shape)] == ["ElementwiseNumerical(fn, deg=32)", "Relu"]
+
+
+def test_flax_nnx_cnn_and_a_plain_jax_1d_convolution_equal_stax():
+    nnx = pytest.importorskip("flax.nnx", reason="the NNX spelling needs flax >= 0.10")
+
+    class CNN(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(2, 4, (3, 3), rngs=rngs)
+            self.out = nnx.Linear(4, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(nnx.gelu(self.conv(x), approximate=False).mean(axis=(1, 2)))
+
+    graphdef, state = nnx.split(CNN(nnx.Rngs(0)))
+    _, _, kernel_fn = traced.infinite_width(lambda st, x: nnx.merge(graphdef, st)(x), state)
+    _, _, stax_kernel_fn = stax.serial(stax.Conv(4, (3, 3), padding="SAME", b_std=0.0), stax.Gelu(),
+                                       stax.GlobalAvgPool(), stax.Dense(2, b_std=0.0))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=IM1, x2=IM2)
+
+    # a 1-D convolution over sequences in plain JAX, 'ntk' scaling written out, a strided 'SAME' window
+    def seq_net(p, x):
+        h = jax.lax.conv_general_dilated(x, p["w1"], (2,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+        h = jnp.maximum(h / np.sqrt(2 * 3) + 0.5 * p["b1"][None, None, :], 0.0)
+        return h.reshape((h.shape[0], -1)) @ p["w2"] / np.sqrt(5 * 4)
+
+    params = {"w1": jnp.zeros((3, 2, 5)), "b1": jnp.zeros((5,)), "w2": jnp.zeros((20, 1))}
+    priors = {"w*": traced.Weight(1.0, init="unit"), "b1": traced.Bias(1.0)}
+    _, _, kernel_fn = traced.infinite_width(seq_net, params, priors=priors)
+    _, _, stax_kernel_fn = stax.serial(stax.Conv(5, (3,), (2,), padding="SAME", b_std=0.5), stax.Relu(),
+                                       stax.Flatten(), stax.Dense(1))
+    seq1, seq2 = IM1[:, :, 0, :] * 1.0, IM2[:, :, 0, :]
+    seq1 = jnp.concatenate([seq1, seq1[:, :2]], axis=1)  # length 8
+    seq2 = jnp.concatenate([seq2, seq2[:, :2]], axis=1)
+    _assert_same(kernel_fn, stax_kernel_fn, x1=seq1, x2=seq2)
+
+
 # -- refused constructions: each names the primitive and the user's line -------------------------------------
 
 def _line_of(fn, text):
@@ -289,3 +423,51 @@ def test_parameters_without_a_prior_are_named():
         traced.Weight(-1.0)
     with pytest.raises(ValueError, match="parameterization"):
         traced.Bias(0.1, parameterization="mup")
+
+
+def _refused_cnn(apply, params, match, line_text):
+    with pytest.raises(traced.TracedError, match=match) as err:
+        traced.infinite_width(apply, params, priors={"w*": traced.Weight(1.0)}, example_input=IM1)
+    assert f"test_traced.py:{_line_of(apply, line_text)}" in str(err.value), str(err.value)
+
+
+CONV = {"w1": jnp.ones((3, 3, 2, 4)), "w2": jnp.ones((4, 1))}
+
+
+DN = ("NHWC", "HWIO", "NHWC")
+_conv = jax.lax.conv_general_dilated
+
+
+def test_max_pooling_is_refused():
+    def apply(p, x):
+        h = jax.nn.relu(_conv(x, p["w1"], (1, 1), "SAME", dimension_numbers=DN))
+        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")  # max pool
+        return jnp.mean(h, axis=(1, 2)) @ p["w2"]
+
+    _refused_cnn(apply, CONV, "max or min pooling", "# max pool")
+
+
+def test_dilated_grouped_and_uneven_convolutions_are_refused():
+    def dilated(p, x):
+        h = jax.nn.relu(_conv(x, p["w1"], (1, 1), "SAME", rhs_dilation=(2, 2), dimension_numbers=DN))  # atrous
+        return jnp.mean(h, axis=(1, 2)) @ p["w2"]
+
+    _refused_cnn(dilated, CONV, "dilated", "# atrous")
+
+    def grouped(p, x):
+        h = jax.nn.relu(_conv(x, p["w1"], (1, 1), "SAME", feature_group_count=2, dimension_numbers=DN))  # grouped
+        return jnp.mean(h, axis=(1, 2)) @ p["w2"]
+
+    _refused_cnn(grouped, {"w1": jnp.ones((3, 3, 1, 4)), "w2": jnp.ones((4, 1))}, "grouped", "# grouped")
+
+    def uneven(p, x):
+        h = jax.nn.relu(_conv(x, p["w1"], (1, 1), ((2, 0), (0, 2)), dimension_numbers=DN))  # uneven
+        return jnp.mean(h, axis=(1, 2)) @ p["w2"]
+
+    _refused_cnn(uneven, CONV, "neither 'VALID' nor 'SAME'", "# uneven")
+
+    def partial_sum(p, x):
+        h = jax.nn.relu(_conv(x, p["w1"], (1, 1), "SAME", dimension_numbers=DN))
+        return jnp.mean(jnp.mean(h, axis=1), axis=1) @ p["w2"]  # one axis at a time
+
+    _refused_cnn(partial_sum, CONV, "only a sum over all spatial axes", "# one axis at a time")

@@ -93,20 +93,26 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
     def program_for(shape: tuple, dtype: str):
         program = trace(apply_fn, leaves, treedef, random, shape, jnp.dtype(dtype))
         shared = per_features.setdefault((shape[1:], dtype), {"recognised": {}, "report": {},
-                                                                     "symmetric": None})
+                                                                     "symmetric": None, "full": None})
         interp = Interpreter(program, random_priors, random_paths, int(quadrature_degree), shared["recognised"],
                              shared["report"])
-        d_shape = tuple(program.avals[interp.frontier[0]].shape)
         out_shape = tuple(program.avals[program.out_vars[0]].shape)
         if shared["symmetric"] is None:
-            shared["symmetric"] = _dry_run(interp, d_shape, jnp.dtype(dtype))
-        symmetric = shared["symmetric"]
+            shared["symmetric"] = _dry_run(interp, jnp.dtype(dtype))
+            # whether the input's kernel must hold all pairs of positions (the output has none: the answer does
+            # not depend on the caller's diagonal_spatial)
+            shared["full"] = interp.needs_full()
+        symmetric, full_in = shared["symmetric"], shared["full"]
 
         def kernel_map(k):
             return interp.run(k)[0]
 
+        # the input's layout where it enters the network (batch axis, channel axis); the stax machinery moves
+        # the axes of the data there (batch first, channels last) before the input kernel
+        layout = None if interp.layout == (0, len(interp.in_roles) - 1) else interp.layout
         layer = Layer(f"traced({label})", lambda key, s: (s, ()), lambda p, x, **kw: x,
-                      lambda s: tuple(s[:1]) + out_shape[1:], kernel_map, lambda full: full, symmetric)
+                      lambda s: tuple(s[:1]) + out_shape[1:], kernel_map, lambda full: full or full_in, symmetric,
+                      layout=layout)
         return program, interp, layer
 
     def _program(x):
@@ -198,14 +204,17 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
     return init_fn, network_apply_fn, kernel_fn
 
 
-def _dry_run(interp: Interpreter, d_shape: tuple, dtype) -> bool:
-    """Run the interpreter on abstract values (errors surface now); whether the kernel is symmetric."""
+def _dry_run(interp: Interpreter, dtype) -> bool:
+    """Run the interpreter on abstract values (errors surface now, every spatial layer is recorded for
+    `Interpreter.needs_full`); whether the kernel is symmetric."""
     found = {}
+    d_shape = tuple(interp.program.avals[interp.frontier[0]].shape)
+    channels = d_shape[interp.in_roles.index("f")]
 
-    def run(d):
-        k, symmetric = interp.run(_input_kernel(d, None, False, True))
+    def run(d):  # the input in canonical layout, with all pairs of positions
+        k, symmetric = interp.run(_input_kernel(d, None, bool(interp.in_spatial), True))
         found["symmetric"] = symmetric
         return k.nngp
 
-    jax.eval_shape(run, jax.ShapeDtypeStruct((2,) + tuple(d_shape[1:]), dtype))
+    jax.eval_shape(run, jax.ShapeDtypeStruct((2,) + interp.in_spatial + (channels,), dtype))
     return found["symmetric"]

@@ -12,12 +12,26 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from smnngp import stax
+from smnngp.traced._errors import TracedError
 from smnngp.traced._moments import Moments
 from smnngp.traced._priors import Bias, Weight
 from smnngp.traced._program import Op, Program
-from smnngp.traced._values import ONES, Affine, BiasTerm, Const, DataIn, Field, FieldProduct, Nonlin, Param, PerEx
+from smnngp.traced._values import (
+    ONES,
+    Affine,
+    BiasTerm,
+    Const,
+    DataIn,
+    Field,
+    FieldProduct,
+    Mapped,
+    Nonlin,
+    Param,
+    PerEx,
+)
 
 # Primitives that act entry by entry (the chains of an activation are made of them).
 ELEMENTWISE = frozenset({
@@ -28,10 +42,6 @@ ELEMENTWISE = frozenset({
     "not", "and", "or", "copy", "copy_p", "reduce_precision", "nextafter", "rem",
 })
 _PASS_THROUGH = frozenset({"copy", "copy_p", "optimization_barrier"})
-
-
-class TracedError(ValueError):
-    """A construction of the user's program that has no infinite-width limit in smnngp.traced."""
 
 
 def refuse(op: Op, why: str) -> TracedError:
@@ -122,12 +132,63 @@ class Interpreter:
         if not self.frontier:
             raise TracedError("smnngp.traced: the model's output does not depend on both the input and a random "
                               "parameter; there is no kernel to compute")
-        for v in self.frontier:
-            shape = program.avals[v].shape
-            if len(shape) != 2:
-                op = next(op for op in program.ops if v in op.ins)
-                raise refuse(op, f"the input enters the network with shape {tuple(shape)}; this version takes "
-                                 f"inputs of shape (batch, features) (flatten images first)")
+        self.in_roles, self.in_spatial = self._frontier_roles()
+        # the stax layer of each spatial operation (convolution, pooling, flattening), by position: they say
+        # whether the input's kernel must hold every pair of positions or only their diagonal (`needs_full`)
+        self.spatial_layers: dict = {}
+
+    def _frontier_roles(self):
+        """Roles of the input's axes where it enters the network (batch, features, spatial in between), read off
+        the operation that takes it in, and the sizes of its spatial axes."""
+        v = self.frontier[0]
+        shape = tuple(self.program.avals[v].shape)
+        op = next(op for op in self.program.ops if v in op.ins)
+        nd = len(shape)
+        if op.name == "conv_general_dilated" and op.ins[0] == v:
+            spec = op.params["dimension_numbers"].lhs_spec
+            batch, feature = spec[0], spec[1]
+        elif op.name == "dot_general":
+            (lc, rc), _ = op.params["dimension_numbers"]
+            side = lc if op.ins[0] == v else rc
+            if len(side) != 1:
+                raise refuse(op, "the input enters a weight through a contraction over several axes")
+            feature = side[0]
+            batch = 1 - feature if nd == 2 else 0
+            if batch == feature:
+                raise refuse(op, "the input's first (batch) axis is contracted with a weight")
+        else:
+            raise refuse(op, "the input enters the network through an operation other than a dense layer or a "
+                             "convolution against a random weight")
+        roles, spatial = [], []
+        for a, size in enumerate(shape):
+            if a == batch:
+                roles.append("b")
+            elif a == feature:
+                roles.append("f")
+            else:
+                roles.append(f"s{len(spatial)}")
+                spatial.append(size)
+        return tuple(roles), tuple(spatial)
+
+    @property
+    def layout(self) -> tuple:
+        """(batch axis, channel axis) of the input where it enters the network."""
+        return self.in_roles.index("b"), self.in_roles.index("f")
+
+    def needs_full(self) -> bool:
+        """Whether the input's kernel must hold all pairs of spatial positions (the network's output has none):
+        each operation's stax layer says so for its input given its output, back from the output."""
+        full = {o: False for o in self.program.out_vars}
+        for op in reversed(self.program.ops):
+            if all(self.kind[o] == "data" for o in op.outs):
+                continue
+            out_full = any(full.get(o, False) for o in op.outs)
+            layer = self.spatial_layers.get(self.position[id(op)])
+            in_full = layer.needs_full(out_full) if layer is not None else out_full
+            if in_full:
+                for i in op.ins:
+                    full[i] = True
+        return bool(full.get(self.frontier[0], False))
 
     # values of variables
     def _value(self, env, i):
@@ -143,7 +204,7 @@ class Interpreter:
         env: dict = {}
         for pos, v in enumerate(self.program.params_vars):
             env[v] = Param(pos, tuple(self.program.avals[v].shape), 1.0, ())
-        env[self.frontier[0]] = DataIn(("b", "f"))
+        env[self.frontier[0]] = DataIn(self.in_roles)
         for op in self.program.ops:
             if all(self.kind[o] == "data" for o in op.outs):
                 continue  # the input's preprocessing: evaluated before
@@ -159,7 +220,8 @@ class Interpreter:
             raise TracedError(f"smnngp.traced: the model's output is not an infinite-width activation (it is "
                               f"{type(out).__name__}); it must end in a layer with random weights")
         if out.roles != ("b", "w"):
-            raise TracedError(f"smnngp.traced: the model's output has axes {out.roles}; expected (batch, width)")
+            raise TracedError(f"smnngp.traced: the model's output has axes {out.roles}; expected (batch, width) "
+                              f"(flatten or pool spatial axes before the readout)")
         k = m.field_or_zero(out, out)
         n_out = self.program.avals[self.program.out_vars[0]].shape[-1]
         k = k.replace(shape1=(k0.shape1[0], n_out), shape2=(k0.shape2[0], n_out), is_gaussian=out.gaussian)
@@ -172,6 +234,10 @@ class Interpreter:
             return ins
         if name == "dot_general":
             return [self._dot_general(op, ins)]
+        if name == "conv_general_dilated":
+            return [self._conv(op, ins)]
+        if name == "reduce_window_sum":
+            return [self._sum_pool(op, ins[0])]
         if name in ELEMENTWISE:
             return [self._elementwise(op, ins, m)]
         if name == "reduce_sum":
@@ -182,6 +248,8 @@ class Interpreter:
             return [self._transpose(op, ins[0])]
         if name in ("reduce_max", "reduce_min", "argmax", "argmin", "reduce_prod"):
             raise refuse(op, "a maximum, minimum or product over an axis has no Gaussian limit here")
+        if name in ("reduce_window_max", "reduce_window_min", "reduce_window", "select_and_gather_add"):
+            raise refuse(op, "max or min pooling has no Gaussian limit here (average or sum pooling has)")
         if name in ("cond", "while", "switch"):
             raise refuse(op, "control flow that depends on the input or the parameters has no infinite-width "
                              "limit here")
@@ -209,40 +277,130 @@ class Interpreter:
                 raise refuse(op, "an activation is multiplied by a fixed matrix; mark the matrix as a random "
                                  "weight (priors={...: Weight()}) or compute it from the input alone")
             raise refuse(op, f"unsupported operands {type(a).__name__} and {type(b).__name__}")
-        prior = self._prior(b)
-        if not isinstance(prior, Weight):
-            raise refuse(op, f"parameter {self.random_index[b.leaf]} is used as a weight but its prior is "
-                             f"{type(prior).__name__}")
-        if tuple(lc) != (len(a.roles) - 1,) or len(b.shape) != 2 or len(rc) != 1:
-            raise refuse(op, f"the contraction {op.params['dimension_numbers']} is not a dense layer over the last "
-                             f"axis (batch, features) @ (features, width)")
+        if len(lc) != 1 or a.roles[lc[0]] not in ("w", "f") or len(b.shape) != 2 or len(rc) != 1:
+            raise refuse(op, f"the contraction {op.params['dimension_numbers']} is not a dense layer over the "
+                             f"feature axis (batch, ..., features) @ (features, width)")
         fan_in = b.shape[rc[0]]
-        uses = self.uses.setdefault(b.leaf, set())
+        n_out = b.shape[1 - rc[0]]
+        prior, W_std = self._weight(op, b, fan_in, "a weight")
+        layer = stax.Dense(n_out, W_std=W_std, parameterization=prior.parameterization)
+        free = tuple(r for i, r in enumerate(a.roles) if i != lc[0])
+        if "b" not in free:
+            raise refuse(op, f"activations with axes {a.roles} enter a weight without their batch axis")
+        term = Affine((b.leaf, b.view, rc[0]), a, layer)
+        return Field(((term, 1.0),), ("w",) + free if weight_left else free + ("w",), n_out, self._spatial(a))
+
+    def _spatial(self, v) -> tuple:
+        return self.in_spatial if isinstance(v, DataIn) else v.spatial
+
+    def _weight(self, op: Op, p: Param, fan_in: int, what: str):
+        """The prior of a weight leaf used once, its standard deviation times sqrt(fan_in) (W_std)."""
+        prior = self._prior(p)
+        if not isinstance(prior, Weight):
+            raise refuse(op, f"parameter {self.random_index[p.leaf]} is used as {what} but its prior is "
+                             f"{type(prior).__name__}")
+        uses = self.uses.setdefault(p.leaf, set())
         uses.add(id(op))
         if len(uses) > 1:
-            raise refuse(op, f"the weight {self.random_index[b.leaf]} is used a second time (weight reuse: tied "
+            raise refuse(op, f"the weight {self.random_index[p.leaf]} is used a second time (weight reuse: tied "
                              f"weights, a recurrent step written out); reuse is not supported yet")
-        self.fan_in[b.leaf] = fan_in
-        n_out = b.shape[1 - rc[0]]
-        variance = prior.variance(fan_in) * b.scale**2
-        W_std = math.sqrt(variance * fan_in)
-        layer = stax.Dense(n_out, W_std=W_std, parameterization=prior.parameterization)
-        if a.roles[0] != "b":
-            raise refuse(op, f"activations with axes {a.roles} enter a weight; the batch axis must come first")
-        term = Affine((b.leaf, b.view, rc[0]), a, layer)
-        return Field(((term, 1.0),), ("w", "b") if weight_left else ("b", "w"), n_out)
+        self.fan_in[p.leaf] = fan_in
+        return prior, math.sqrt(prior.variance(fan_in) * p.scale**2 * fan_in)
 
-    def _bias(self, op: Op, p: Param, width: int, sign: float) -> Field:
+    def _conv(self, op: Op, ins):
+        """A convolution of activations (or the input) with a random filter: stax `Conv` on the kernel."""
+        lhs, rhs = ins
+        if not (isinstance(rhs, Param) and isinstance(lhs, (Field, DataIn))):
+            raise refuse(op, f"a convolution of {type(lhs).__name__} with {type(rhs).__name__}; the filter must be "
+                             f"a random weight leaf and the input an activation (or the model's input)")
+        prm = op.params
+        if any(d != 1 for d in tuple(prm["lhs_dilation"]) + tuple(prm["rhs_dilation"])):
+            raise refuse(op, "a dilated or transposed convolution (lhs_dilation / rhs_dilation other than 1) is "
+                             "not supported yet")
+        if prm["feature_group_count"] != 1 or prm["batch_group_count"] != 1:
+            raise refuse(op, "a grouped (depthwise) convolution is not supported yet")
+        dn = prm["dimension_numbers"]
+        lspec, rspec, ospec = tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)
+        roles = lhs.roles
+        if roles[lspec[0]] != "b" or roles[lspec[1]] not in ("w", "f"):
+            raise refuse(op, f"a convolution whose batch and feature axes {lspec[:2]} are not the batch and width "
+                             f"axes of activations with axes {roles}")
+        nd = len(lspec) - 2
+        sp_roles = [roles[lspec[2 + j]] for j in range(nd)]
+        spatial_in = self._spatial(lhs)
+        canon = [int(r[1:]) for r in sp_roles]
+        if sorted(canon) != list(range(len(spatial_in))):
+            raise refuse(op, f"a {nd}-D convolution of activations with spatial sizes {spatial_in}")
+        filt, strides, pads = [0] * nd, [0] * nd, [(0, 0)] * nd
+        for j, i in enumerate(canon):
+            filt[i] = int(rhs.shape[rspec[2 + j]])
+            strides[i] = int(prm["window_strides"][j])
+            pads[i] = tuple(int(q) for q in prm["padding"][j])
+        padding = _padding_name(op, spatial_in, filt, strides, pads)
+        fan_in = int(rhs.shape[rspec[1]]) * math.prod(filt)
+        n_out = int(rhs.shape[rspec[0]])
+        prior, W_std = self._weight(op, rhs, fan_in, "a convolution filter")
+        layer = stax.Conv(n_out, tuple(filt), tuple(strides), padding, W_std=W_std,
+                          parameterization=prior.parameterization)
+        self.spatial_layers[self.position[id(op)]] = layer
+        out_shape = self.program.avals[op.outs[0]].shape
+        out_roles = [""] * (nd + 2)
+        out_roles[ospec[0]], out_roles[ospec[1]] = "b", "w"
+        sizes = [0] * nd
+        for j, i in enumerate(canon):
+            out_roles[ospec[2 + j]] = sp_roles[j]
+            sizes[i] = int(out_shape[ospec[2 + j]])
+        term = Affine((rhs.leaf, rhs.view, "conv"), lhs, layer)
+        return Field(((term, 1.0),), tuple(out_roles), n_out, tuple(sizes))
+
+    def _sum_pool(self, op: Op, v):
+        """``reduce_window_sum`` over spatial axes (average pooling divides it by the window): stax `SumPool`."""
+        if not isinstance(v, Field):
+            raise refuse(op, f"pooling of {type(v).__name__}")
+        prm = op.params
+        if any(d != 1 for d in tuple(prm["base_dilation"]) + tuple(prm["window_dilation"])):
+            raise refuse(op, "a dilated pooling window is not supported")
+        n = len(v.spatial)
+        window, strides, pads = [1] * n, [1] * n, [(0, 0)] * n
+        for a, role in enumerate(v.roles):
+            w, st, pad = prm["window_dimensions"][a], prm["window_strides"][a], tuple(prm["padding"][a])
+            if role.startswith("s"):
+                i = int(role[1:])
+                window[i], strides[i], pads[i] = int(w), int(st), (int(pad[0]), int(pad[1]))
+            elif (w, st, pad) != (1, 1, (0, 0)):
+                raise refuse(op, f"pooling along the {'batch' if role == 'b' else 'width'} axis")
+        if not n:
+            raise refuse(op, "pooling of activations without spatial axes")
+        padding = _padding_name(op, v.spatial, window, strides, pads)
+        layer = stax.SumPool(tuple(window), tuple(strides), padding)
+        return self._mapped(op, v, layer, v.roles, v.width, "pool", (tuple(window), tuple(strides), padding))
+
+    def _mapped(self, op: Op, v: Field, layer, roles, width, kind, config) -> Field:
+        """``v`` through the linear spatial map ``layer`` (its output has the roles and width given)."""
+        self.spatial_layers[self.position[id(op)]] = layer
+        out_shape = self.program.avals[op.outs[0]].shape
+        sizes = [0] * sum(r.startswith("s") for r in roles)
+        for a, r in enumerate(roles):
+            if r.startswith("s"):
+                sizes[int(r[1:])] = int(out_shape[a])
+        term = Mapped(layer, v, (kind, config, v.roles, v.spatial))
+        return Field(((term, 1.0),), tuple(roles), width, tuple(sizes))
+
+    def _bias(self, op: Op, p: Param, f: Field, sign: float) -> Field:
         prior = self._prior(p)
         if not isinstance(prior, Bias):
             raise refuse(op, f"parameter {self.random_index[p.leaf]} is added to an activation but its prior is "
                              f"{type(prior).__name__}")
-        size = math.prod(p.shape)
-        if size != width or (p.shape and p.shape[-1] != width):
-            raise refuse(op, f"a bias of shape {p.shape} added to activations of width {width}")
+        width = f.width
+        leaf_shape = tuple(self.program.avals[self.program.params_vars[p.leaf]].shape)
+        w_axis = f.roles.index("w") if "w" in f.roles else -1
+        aligned = len(p.shape) in (0, len(f.roles)) and p.carrying() in ((), (w_axis,))
+        if math.prod(leaf_shape) != width or not aligned or (width > 1 and p.carrying() != (w_axis,)):
+            raise refuse(op, f"a bias of shape {leaf_shape} (seen as {p.shape}) added to activations of width "
+                             f"{width} with axes {f.roles}; a bias holds one entry per unit of the width")
         var = prior.b_std**2 * p.scale**2
         ntk = var if prior.parameterization == "ntk" else p.scale**2
-        return Field(((BiasTerm((p.leaf, p.view), var, ntk), sign), ), ("b", "w"), width)
+        return f.like(((BiasTerm((p.leaf, p.view), var, ntk), sign),))
 
     def _param_op(self, op: Op, ins):
         """Views of a random leaf: rescaling, negation, conversion."""
@@ -264,23 +422,39 @@ class Interpreter:
     def _reshape(self, op: Op, v):
         out_shape = tuple(self.program.avals[op.outs[0]].shape)
         if isinstance(v, Param):
-            return Param(v.leaf, out_shape, v.scale, v.view if math.prod(out_shape) == math.prod(v.shape)
-                         and [s for s in out_shape if s != 1] == [s for s in v.shape if s != 1]
-                         else v.view + (("reshape", out_shape),))
+            unit_only = [s for s in out_shape if s != 1] == [s for s in v.shape if s != 1]
+            view = v.view if math.prod(out_shape) == math.prod(v.shape) and unit_only else \
+                v.view + (("reshape", out_shape),)
+            carrying = v.carrying()
+            if op.name == "broadcast_in_dim":
+                carry = tuple(op.params["broadcast_dimensions"][a] for a in carrying)
+            elif unit_only:  # axes of size one added or removed: the entries keep their order
+                old = [a for a, s in enumerate(v.shape) if s != 1]
+                new = [a for a, s in enumerate(out_shape) if s != 1]
+                carry = tuple(new[old.index(a)] for a in carrying)
+            else:
+                carry = None
+            return Param(v.leaf, out_shape, v.scale, view, carry)
         if isinstance(v, PerEx):
             non_unit = [r for r in v.roles if r != "1"]
             roles = self._roles_after(op, v.roles, out_shape)
             if [r for r in roles if r not in ("1", "w")] != [r for r in non_unit if r != "w"]:
                 raise refuse(op, "a reshape mixes the batch axis of a per-example statistic")
             return PerEx(v.v1, v.v2, roles, v.zero, v.power)
+        if isinstance(v, Field) and v.spatial and op.name == "reshape":
+            in_shape = tuple(self.program.avals[op.ins[0]].shape)
+            if (v.roles[0] == "b" and len(out_shape) == 2 and out_shape[0] == in_shape[0]
+                    and set(v.roles[1:]) == {"w"} | {f"s{i}" for i in range(len(v.spatial))}):
+                # flattening (batch, spatial..., width) in any order of the non-batch axes
+                return self._mapped(op, v, stax.Flatten(), ("b", "w"), int(out_shape[1]), "flatten", ())
         if isinstance(v, (Field, FieldProduct)):
             roles = self._roles_after(op, v.roles, out_shape)
             if [r for r in roles if r != "1"] != [r for r in v.roles if r != "1"]:
                 raise refuse(op, f"a reshape of activations with axes {v.roles} to shape {out_shape}; this "
                                  f"version keeps activations as (batch, width)")
             if isinstance(v, Field):
-                return Field(v.terms, roles, v.width)
-            return FieldProduct(v.left, v.right, roles, v.width)
+                return v.like(v.terms, roles)
+            return FieldProduct(v.left, v.right, roles, v.width, v.spatial)
         raise refuse(op, f"a reshape of {type(v).__name__}")
 
     def _roles_after(self, op: Op, roles: tuple, out_shape: tuple) -> tuple:
@@ -299,24 +473,29 @@ class Interpreter:
                     raise refuse(op, f"a broadcast to shape {out_shape} of values with axes {roles}")
                 out[out.index("w*")] = "w"
             return tuple(out)
-        non_unit = [r for r, s in zip(roles, self.program.avals[op.ins[0]].shape) if s != 1]
-        out, it = [], iter(non_unit)
+        # match the axes in order by size; axes of size one without a role come and go
+        items = [(r, s) for r, s in zip(roles, self.program.avals[op.ins[0]].shape) if not (s == 1 and r == "1")]
+        out, i = [], 0
         for size in out_shape:
-            out.append("1" if size == 1 and (not non_unit or size != 1) else next(it, "?"))
-        if "?" in out or next(it, None) is not None:
-            raise refuse(op, f"a reshape to {out_shape} that merges or splits axes {roles}")
+            if i < len(items) and items[i][1] == size:
+                out.append(items[i][0])
+                i += 1
+            elif size == 1:
+                out.append("1")
+            else:
+                raise refuse(op, f"a reshape to {out_shape} that merges or splits axes {roles}")
+        if items[i:]:
+            raise refuse(op, f"a reshape to {out_shape} that drops axes {[r for r, _ in items[i:]]} of {roles}")
         return tuple(out)
 
     def _transpose(self, op: Op, v):
         perm = op.params["permutation"]
         if isinstance(v, Param):
             shape = tuple(v.shape[p] for p in perm)
-            return Param(v.leaf, shape, v.scale, v.view + (("transpose", tuple(perm)),))
+            carry = tuple(sorted(list(perm).index(a) for a in v.carrying()))
+            return Param(v.leaf, shape, v.scale, v.view + (("transpose", tuple(perm)),), carry)
         if isinstance(v, Field):
-            roles = tuple(v.roles[p] for p in perm)
-            if roles not in (("b", "w"), ("w", "b")):
-                raise refuse(op, f"a transpose of activations to axes {roles}")
-            return Field(v.terms, roles, v.width)
+            return v.like(v.terms, tuple(v.roles[p] for p in perm))
         raise refuse(op, f"a transpose of {type(v).__name__}")
 
     # -- entrywise operations ----------------------------------------------------------------------------
@@ -327,7 +506,7 @@ class Interpreter:
             if fields and name in ("add", "sub"):
                 f = fields[0]
                 p = next(v for v in ins if isinstance(v, Param))
-                bias = self._bias(op, p, f.width, -1.0 if (name == "sub" and ins[1] is p) else 1.0)
+                bias = self._bias(op, p, f, -1.0 if (name == "sub" and ins[1] is p) else 1.0)
                 lead = f if (name == "add" or ins[0] is f) else _scale_field(f, -1.0)
                 return _add_fields(lead, bias)
             if not fields and not any(isinstance(v, (PerEx, DataIn)) for v in ins):
@@ -374,7 +553,7 @@ class Interpreter:
                     return f if (f_first or name == "add") else _scale_field(f, -1.0)
                 lead = f if (f_first or name == "add") else _scale_field(f, -1.0)
                 coef = other if (name == "add" or not f_first) else _perex_neg(other)
-                return _add_fields(lead, Field(((ONES, coef),), f.roles, f.width))
+                return _add_fields(lead, f.like(((ONES, coef),)))
             return None
         if name in ("mul", "div"):
             a, b = ins
@@ -391,7 +570,7 @@ class Interpreter:
                 if other.zero:
                     if name == "div":
                         raise refuse(op, "an activation divided by an exactly zero statistic")
-                    return Field((), f.roles, f.width)
+                    return f.like(())
                 coef = other if name == "mul" else _perex_apply(lambda v: 1.0 / v, other)
                 return _scale_field(f, coef)
         return None
@@ -409,10 +588,10 @@ class Interpreter:
         if all(f is not None for f in funcs) and len({_base_key(b) for b, _ in funcs}) == 1:
             fn = self._compose(op, ins, {id(v): f for v, (_, f) in zip(fields, funcs)})
             nl = Nonlin(fn, funcs[0][0], _product_pair(op, ins), op.where, origin=self.position[id(op)])
-            return Field(((nl, 1.0),), fields[0].roles, fields[0].width)
+            return fields[0].like(((nl, 1.0),))
         pair = _product_pair(op, ins)
         if pair is not None:
-            return FieldProduct(pair[0], pair[1], pair[0].roles, pair[0].width)
+            return FieldProduct(pair[0], pair[1], pair[0].roles, pair[0].width, pair[0].spatial)
         raise refuse(op, "a nonlinearity applied to several independent activations, or to their sum (a function "
                          "of more than one Gaussian); only a sum of Gaussians (affine layers, biases) enters an "
                          "activation")
@@ -455,6 +634,14 @@ class Interpreter:
         if "b" in summed:
             raise refuse(op, "a sum over the batch axis: batch statistics (batch normalisation, a mean over "
                              "examples) couple the examples and have no per-example kernel")
+        spatial = {f"s{i}" for i in range(len(getattr(v, "spatial", ())))}
+        if spatial and summed - {"1"} == spatial and isinstance(v, Field):
+            # a sum (a mean, once divided) over every spatial axis: global pooling
+            out_roles = tuple(r for i, r in enumerate(roles) if i not in axes)
+            return self._mapped(op, v, stax.GlobalSumPool(), out_roles, v.width, "global", ())
+        if spatial:
+            raise refuse(op, f"a sum over axes {axes} of activations with axes {roles}: only a sum over all spatial "
+                             f"axes (global pooling) is supported for spatial activations")
         if summed - {"1"} != {"w"}:
             raise refuse(op, f"a sum over axes {axes} with roles {roles}")
         out_roles = tuple(r for i, r in enumerate(roles) if i not in axes)
@@ -513,12 +700,23 @@ class Interpreter:
         return PerEx(side(1), v2, roles, zero)
 
 
+def _padding_name(op: Op, sizes, window, strides, pads) -> str:
+    """'VALID' or 'SAME' for the explicit padding a traced convolution or pooling carries."""
+    pads = [tuple(p) for p in pads]
+    if all(p == (0, 0) for p in pads):
+        return "VALID"
+    if pads == [tuple(p) for p in lax.padtype_to_pads(tuple(sizes), tuple(window), tuple(strides), "SAME")]:
+        return "SAME"
+    raise refuse(op, f"padding {pads} is neither 'VALID' nor 'SAME' for window {tuple(window)} and strides "
+                     f"{tuple(strides)} (circular or uneven padding is not supported yet)")
+
+
 # -- field algebra ------------------------------------------------------------------------------------------
 
 def _scale_field(f: Field, c) -> Field:
     if isinstance(c, float) and c == 1.0:
         return f
-    return Field(tuple((t, _mul_coef(k, c)) for t, k in f.terms), f.roles, f.width)
+    return f.like((t, _mul_coef(k, c)) for t, k in f.terms)
 
 
 def _mul_coef(a, b):
@@ -545,6 +743,8 @@ def _perex_neg(p: PerEx) -> PerEx:
 def _add_fields(a: Field, b: Field) -> Field:
     if a.width != b.width:
         raise TracedError(f"smnngp.traced: adding activations of widths {a.width} and {b.width}")
+    if a.spatial != b.spatial:
+        raise TracedError(f"smnngp.traced: adding activations of spatial sizes {a.spatial} and {b.spatial}")
     terms = list(a.terms)
     for t, c in b.terms:
         for j, (u, d) in enumerate(terms):
@@ -555,13 +755,13 @@ def _add_fields(a: Field, b: Field) -> Field:
             terms.append((t, c))
     terms = [(t, c) for t, c in terms if isinstance(c, PerEx) or c != 0.0]
     roles = a.roles if len(a.roles) >= len(b.roles) else b.roles
-    return Field(tuple(terms), roles, a.width)
+    return Field(tuple(terms), roles, a.width, a.spatial)
 
 
 def _add_ones(f: Field, c: float) -> Field:
     if c == 0.0:
         return f
-    return _add_fields(f, Field(((ONES, c),), f.roles, f.width))
+    return _add_fields(f, f.like(((ONES, c),)))
 
 
 def _base_key(base: Field):
@@ -584,10 +784,10 @@ def _as_function(f: Field):
             return None
         first = min(gauss, key=lambda tc: tc[0].uid)[1]
         if isinstance(first, PerEx) or any(isinstance(c, PerEx) for _, c in gauss):
-            base, first = Field(tuple(gauss), f.roles, f.width), 1.0
+            base, first = f.like(gauss), 1.0
         else:
             # the canonical base: the coefficient of its first term is 1 (so that F and -F, 2F share a base)
-            base = Field(tuple((t, c / first) for t, c in gauss), f.roles, f.width)
+            base = f.like((t, c / first) for t, c in gauss)
         if first == 1.0:
             return base, (lambda u: u + shift) if shift else (lambda u: u)
         return base, (lambda u: first * u + shift) if shift else (lambda u: first * u)
@@ -638,9 +838,15 @@ def _product_pair(op: Op, ins):
 def _field_mean(f: Field, m: Moments, roles) -> PerEx:
     """Mean over the width: Gaussian terms contribute zero, the ones vector its coefficient, phi(g) E[phi(g)]."""
     total1 = total2 = None
+    if f.spatial:
+        raise TracedError("smnngp.traced: a mean over the width of activations with spatial axes (layer "
+                          "normalisation of a convolutional layer) is not supported yet")
     for t, c in f.terms:
         if t.gaussian:
             continue
+        if isinstance(t, Mapped):
+            raise TracedError("smnngp.traced: a mean over the width of a pooled or flattened activation that is not "
+                              "Gaussian (layer normalisation after pooling) is not supported yet")
         if t is ONES:
             m1 = jnp.ones((m.n1,), m.dtype)
             m2 = jnp.ones((m.n2,), m.dtype)

@@ -12,7 +12,12 @@ over pairs of terms, of their coefficients times the terms' moments, each comput
   form (for ``phi(g)`` with itself, the stax layer's own map, the same program as a stax network), the two
   functions' quadrature otherwise; NTK ``E[phi'(g) psi'(h)] Theta(g, h)``;
 * ``phi(g)`` with a Gaussian ``a``: Stein's lemma, ``E[phi'(g)] Cov(g, a)``;
-* the all-ones vector with ``phi(g)``: ``E[phi(g)]``; with a Gaussian: zero.
+* the all-ones vector with ``phi(g)``: ``E[phi(g)]``; with a Gaussian: zero;
+* a linear spatial map (pooling, flattening) of ``a`` with the same map of ``b``: the stax layer's kernel map of
+  the moments of ``a`` and ``b``; with a weight or bias term that ``a`` does not hold: zero.
+
+Fields with spatial axes carry kernels with spatial axes (all position pairs, or their diagonal when the network
+allows it: ``Kernel.full``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import jax.numpy as jnp
 from smnngp.kernels import Kernel
 from smnngp.stax.elementwise import gauss_hermite_1d, gauss_hermite_2d
 from smnngp.traced._activations import recognise
-from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Nonlin, Ones, PerEx
+from smnngp.traced._errors import TracedError
+from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Mapped, Nonlin, Ones, PerEx
 
 
 def side_values(coef, x2_is_x1: bool):
@@ -50,18 +56,26 @@ class Moments:
         self.symmetric = True
 
     # -- kernels of constants and combinations ------------------------------------------------------------
-    def constant(self, nngp_value, ntk_value, width: int, gaussian: bool) -> Kernel:
-        full = jnp.full((self.n1, self.n2), nngp_value, self.dtype)
+    def _positions(self, spatial: tuple) -> tuple:
+        """The spatial axes of a kernel of activations with these spatial sizes (pairs when ``full``)."""
+        if self.k0.full:
+            return tuple(n for size in spatial for n in (size, size))
+        return tuple(spatial)
+
+    def constant(self, nngp_value, ntk_value, width: int, gaussian: bool, spatial: tuple = ()) -> Kernel:
+        pos = self._positions(spatial)
+        full = jnp.full((self.n1, self.n2) + pos, nngp_value, self.dtype)
         return self._kernel(
             full,
-            None if not self.want_ntk else jnp.full((self.n1, self.n2), ntk_value, self.dtype),
-            jnp.full((self.n1,), nngp_value, self.dtype),
-            None if self.x2_is_x1 else jnp.full((self.n2,), nngp_value, self.dtype),
-            width, gaussian)
+            None if not self.want_ntk else jnp.full((self.n1, self.n2) + pos, ntk_value, self.dtype),
+            jnp.full((self.n1,) + pos, nngp_value, self.dtype),
+            None if self.x2_is_x1 else jnp.full((self.n2,) + pos, nngp_value, self.dtype),
+            width, gaussian, spatial)
 
-    def _kernel(self, nngp, ntk, cov1, cov2, width, gaussian) -> Kernel:
-        return self.k0.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, shape1=(self.k0.shape1[0], width),
-                               shape2=(self.k0.shape2[0], width), is_gaussian=gaussian)
+    def _kernel(self, nngp, ntk, cov1, cov2, width, gaussian, spatial: tuple = ()) -> Kernel:
+        return self.k0.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2,
+                               shape1=(self.k0.shape1[0],) + tuple(spatial) + (width,),
+                               shape2=(self.k0.shape2[0],) + tuple(spatial) + (width,), is_gaussian=gaussian)
 
     def _scaled(self, k: Kernel, c, d) -> Kernel:
         if not isinstance(c, PerEx) and not isinstance(d, PerEx):
@@ -98,45 +112,65 @@ class Moments:
         total = None
         for t, c in F.terms:
             for u, d in G.terms:
-                k = self.term(t, u)
+                k = self.term(t, u, F.spatial)
                 if k is not None:
                     total = self._add(total, self._scaled(k, c, d))
         if total is not None:
-            total = total.replace(shape1=(self.k0.shape1[0], F.width), shape2=(self.k0.shape2[0], G.width),
+            total = total.replace(shape1=(self.k0.shape1[0],) + F.spatial + (F.width,),
+                                  shape2=(self.k0.shape2[0],) + G.spatial + (G.width,),
                                   is_gaussian=F.gaussian and G.gaussian and F is G)
         return total
 
     def field_or_zero(self, F, G) -> Kernel:
         k = self.field(F, G)
-        return self.constant(0.0, 0.0, F.width, False) if k is None else k
+        return self.constant(0.0, 0.0, F.width, False, F.spatial) if k is None else k
 
     # -- pairs of terms -----------------------------------------------------------------------------------
-    def term(self, t, u) -> Kernel | None:
+    def term(self, t, u, spatial: tuple = ()) -> Kernel | None:
+        """Moments of two terms of fields with spatial sizes ``spatial`` (memoised)."""
         key = (id(t), id(u))
         if key not in self.memo:
             self.keep.append((t, u))
-            self.memo[key] = self._term(t, u)
+            self.memo[key] = self._term(t, u, spatial)
         return self.memo[key]
 
-    def _term(self, t, u) -> Kernel | None:
+    def _term(self, t, u, spatial: tuple) -> Kernel | None:
         if isinstance(t, Affine) and isinstance(u, Affine):
             if t.weight != u.weight:
                 return None
             inner = self.field(t.inp, u.inp)
             return None if inner is None else t.layer.kernel_map(inner.replace(is_gaussian=True))
+        if isinstance(t, Mapped) or isinstance(u, Mapped):
+            return self._mapped(t, u)
         if isinstance(t, BiasTerm) and isinstance(u, BiasTerm):
-            return self.constant(t.variance, t.ntk, 1, True) if t.leaf == u.leaf else None
+            return self.constant(t.variance, t.ntk, 1, True, spatial) if t.leaf == u.leaf else None
         if isinstance(t, Ones) and isinstance(u, Ones):
-            return self.constant(1.0, 0.0, 1, False)
+            return self.constant(1.0, 0.0, 1, False, spatial)
         if isinstance(t, Nonlin) and isinstance(u, Nonlin):
             return self._nonlin_pair(t, u)
         if isinstance(t, Nonlin) or isinstance(u, Nonlin):
             nl, other, first = (t, u, True) if isinstance(t, Nonlin) else (u, t, False)
+            if spatial:
+                raise TracedError("smnngp.traced: an activation of a spatial (convolutional) layer combined with "
+                                  "its own pre-activation or a constant (a skip connection around a "
+                                  "nonlinearity, a shift); this pairing is not supported yet for spatial "
+                                  "activations")
             if isinstance(other, Ones):
                 m1, m2 = self.mean(nl)
                 return self._outer(m1, m2, first)
             return self._stein(nl, other, first)
         return None  # a Gaussian with the all-ones vector, or two different Gaussian atoms
+
+    def _mapped(self, t, u) -> Kernel | None:
+        """Pairs with a linear spatial map: the same map of two fields, or a provably independent pair."""
+        if isinstance(t, Mapped) and isinstance(u, Mapped) and t.key == u.key:
+            inner = self.field(t.inp, u.inp)
+            return None if inner is None else t.layer.kernel_map(inner)
+        if _independent(t, u):
+            return None
+        raise TracedError("smnngp.traced: a pooled or flattened activation meets another activation that it is "
+                          "correlated with (a sum or product across a pooling or a flattening, or two different "
+                          "poolings of one activation); this pairing is not supported yet")
 
     def _outer(self, m1, m2, first: bool) -> Kernel:
         """E[phi(g(x1)) * 1] = m(x1) (``first``), or E[1 * phi(g(x2))] = m(x2)."""
@@ -179,7 +213,7 @@ class Moments:
         return gauss_hermite_1d(dfn, v1, self.deg), gauss_hermite_1d(dfn, v2, self.deg)
 
     def _stein(self, nl: Nonlin, atom, first: bool) -> Kernel | None:
-        atom_field = Field(((atom, 1.0),), nl.base.roles, nl.base.width)
+        atom_field = nl.base.like(((atom, 1.0),))
         cross = self.field(nl.base, atom_field) if first else self.field(atom_field, nl.base)
         if cross is None:
             return None
@@ -195,6 +229,10 @@ class Moments:
             self.symmetric = False  # quadrature rules are not symmetric in (x1, x2)
         if t is u:
             return layer_t.kernel_map(self.field_or_zero(t.base, t.base).replace(is_gaussian=True))
+        if t.base.spatial:
+            raise TracedError(f"smnngp.traced: two different activations of spatial (convolutional) layers meet in "
+                              f"one sum or product ({t.where} and {u.where}); their cross-moments are not "
+                              f"supported yet for spatial activations")
         g1, _, kg = self.variances(t.base)
         _, h2, kh = self.variances(u.base)
         h1 = kh.cov1
@@ -221,3 +259,42 @@ class Moments:
             cov2 = None if self.x2_is_x1 else gauss_hermite_2d(fa, fb, c2, g2, h2, self.deg)
         ntk = None if not self.want_ntk else dot * cross.ntk
         return self._kernel(nngp, ntk, cov1, cov2, t.base.width, False)
+
+
+def sources(x) -> frozenset:
+    """The random leaves (weights and biases) a term or field depends on."""
+    if isinstance(x, Field):
+        return frozenset().union(*(sources(t) for t, _ in x.terms))
+    found = x.__dict__.get("_sources") if hasattr(x, "__dict__") else None
+    if found is not None:
+        return found
+    if isinstance(x, Affine):
+        found = frozenset({("w", x.weight[0])}) | sources(x.inp)
+    elif isinstance(x, BiasTerm):
+        found = frozenset({("b", x.leaf[0])})
+    elif isinstance(x, Nonlin):
+        found = sources(x.base)
+    elif isinstance(x, Mapped):
+        found = sources(x.inp)
+    else:  # the input, the ones vector
+        found = frozenset()
+    x.__dict__["_sources"] = found
+    return found
+
+
+def _own(t):
+    """The leaf a Gaussian atom draws fresh (a weight used once, a bias), or None."""
+    if isinstance(t, Affine):
+        return ("w", t.weight[0])
+    if isinstance(t, BiasTerm):
+        return ("b", t.leaf[0])
+    return None
+
+
+def _independent(t, u) -> bool:
+    """Whether E[t u] = 0 because one side is a zero-mean Gaussian draw of a leaf the other side does not hold."""
+    for a, b in ((t, u), (u, t)):
+        parts = [a] if not isinstance(a, Mapped) else [s for s, _ in a.inp.terms]
+        if parts and all(_own(p) is not None and _own(p) not in sources(b) for p in parts):
+            return True
+    return False

@@ -11,9 +11,12 @@
   layer normalisation's statistics), held as one array per input set.
 * `FieldProduct`: the entrywise product of two fields that are not functions of one Gaussian; only its mean over
   the width (their second moment) has a limit.
+* `Mapped`: a linear map of a field along its spatial axes (pooling, flattening, a global mean), done by a stax
+  layer's kernel map (the field's term in the width space of the map's output).
 
 Axes carry roles: ``'b'`` the batch, ``'w'`` the width (infinite), ``'f'`` a finite feature axis of the input,
-``'1'`` an axis of size one that broadcasts.
+``'s0'``, ``'s1'``, ... the spatial axes (numbered in the order of the kernel's canonical layout), ``'1'`` an axis
+of size one that broadcasts. A field's ``spatial`` holds the sizes of its spatial axes in that order.
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ class Param:
     shape: tuple
     scale: float
     view: tuple
+    carry: tuple | None = None  # the axes that hold the leaf's entries (None: all of its non-unit axes)
+
+    def carrying(self) -> tuple:
+        if self.carry is not None:
+            return self.carry
+        return tuple(a for a, s in enumerate(self.shape) if s != 1)
 
 
 @dataclasses.dataclass(eq=False)
@@ -115,10 +124,29 @@ class Nonlin(Term):
 
 
 @dataclasses.dataclass(eq=False)
+class Mapped(Term):
+    """``layer`` (a stax pooling / Flatten layer, linear in its input) applied to the field ``inp``; ``key`` names
+    the operation, so that two uses of one map on two fields pair up (``layer`` applied to their moments)."""
+
+    layer: Any
+    inp: Any  # Field
+    key: tuple
+
+    @property
+    def gaussian(self) -> bool:  # a linear map keeps a Gaussian field Gaussian
+        return self.inp.gaussian
+
+
+@dataclasses.dataclass(eq=False)
 class Field:
     terms: tuple  # ((Term, coef), ...)
     roles: tuple
     width: int
+    spatial: tuple = ()  # sizes of the spatial axes, in canonical order
+
+    def like(self, terms, roles=None) -> Field:
+        """A field with other terms (and roles) on this one's width and spatial axes."""
+        return Field(tuple(terms), self.roles if roles is None else roles, self.width, self.spatial)
 
     @property
     def gaussian(self) -> bool:
@@ -135,3 +163,4 @@ class FieldProduct:
     right: Field
     roles: tuple
     width: int
+    spatial: tuple = ()
