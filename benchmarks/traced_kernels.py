@@ -42,6 +42,8 @@ CASES = {
     "mlp3_gelu": ("MLP-3 exact GELU, 1,000 points", (1000, 13)),
     "resnet": ("dense ResNet, 2 blocks, 1,000 points", (1000, 8)),
     "layernorm": ("MLP-3 with LayerNorm, 1,000 points", (1000, 8)),
+    "cnn_flatten": ("CNN-3 ReLU + Flatten, 200 8x8x3 images (diagonal spatial)", (200, 8, 8, 3)),
+    "wrn": ("WideResNet, 2 blocks + avg pool + Flatten, 64 8x8x3 images (all position pairs)", (64, 8, 8, 3)),
 }
 
 
@@ -92,10 +94,44 @@ def _networks(case: str):
 
         stax_net = stax.serial(*[stax.Dense(width, **dense), stax.LayerNorm(eps=1e-12), stax.Relu()] * 3,
                                stax.Dense(1, **dense))
+    elif case == "cnn_flatten":
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                for _ in range(3):
+                    x = nn.relu(nn.Conv(width, (3, 3))(x))
+                return nn.Dense(1)(x.reshape((x.shape[0], -1)))
+
+        conv = dict(W_std=1.0, b_std=0.05, padding="SAME")
+        stax_net = stax.serial(*[stax.Conv(width, (3, 3), **conv), stax.Relu()] * 3, stax.Flatten(),
+                               stax.Dense(1, **dense))
+    elif case == "wrn":
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                x = nn.Conv(width, (3, 3))(x)
+                x = x + nn.Conv(width, (3, 3))(nn.relu(nn.Conv(width, (3, 3))(nn.relu(x))))
+                h = nn.Conv(width, (3, 3))(nn.relu(nn.Conv(width, (3, 3), strides=(2, 2))(nn.relu(x))))
+                x = h + nn.Conv(width, (3, 3), strides=(2, 2))(x)
+                x = nn.avg_pool(nn.relu(x), (2, 2), strides=(2, 2))
+                return nn.Dense(1)(x.reshape((x.shape[0], -1)))
+
+        conv = dict(W_std=1.0, b_std=0.05, padding="SAME")
+
+        def block(strides, shortcut):
+            main = stax.serial(stax.Relu(), stax.Conv(width, (3, 3), strides, **conv), stax.Relu(),
+                               stax.Conv(width, (3, 3), **conv))
+            return stax.serial(stax.FanOut(2), stax.parallel(main, shortcut), stax.FanInSum())
+
+        stax_net = stax.serial(stax.Conv(width, (3, 3), **conv), block((1, 1), stax.Identity()),
+                               block((2, 2), stax.Conv(width, (3, 3), (2, 2), **conv)), stax.Relu(),
+                               stax.AvgPool((2, 2), (2, 2)), stax.Flatten(), stax.Dense(1, **dense))
     else:
         raise ValueError(f"unknown case {case!r}; cases: {sorted(CASES)}")
     model = Net()
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((2, CASES[case][1][1])))
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((2,) + tuple(CASES[case][1][1:])))
+    if case in ("cnn_flatten", "wrn"):
+        bias = {"params/*/bias": traced.Bias(0.05)}
     _, _, traced_kfn = traced.infinite_width(model.apply, params, priors=bias)
     return stax_net[2], traced_kfn
 

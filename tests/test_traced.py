@@ -338,6 +338,93 @@ def test_flax_nnx_cnn_and_a_plain_jax_1d_convolution_equal_stax():
     _assert_same(kernel_fn, stax_kernel_fn, x1=seq1, x2=seq2)
 
 
+def test_finite_flax_cnns_converge_to_the_traced_kernel():
+    """Monte Carlo of a two-layer Flax CNN that init_fn draws (128 channels, global mean, 8 outputs)."""
+    from smnngp.empirical import monte_carlo_kernel_fn
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(128, (3, 3))(x))
+            x = jax.nn.relu(nn.Conv(128, (3, 3), padding="VALID")(x))
+            return nn.Dense(8)(jnp.mean(x, axis=(1, 2)))
+
+    images = IM1[:, :4, :4, :]
+    model = CNN()
+    params = model.init(jax.random.PRNGKey(0), images)
+    init_fn, apply_fn, kernel_fn = traced.infinite_width(model.apply, params, priors={"*/bias": traced.Bias(0.2)})
+    exact = kernel_fn(images, None, get=("nngp", "ntk"))
+    mc = monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(3), [2, 32], samples_per_call=2)
+    errors = []
+    for est in mc(images, None, get=("nngp", "ntk")):
+        errors.append([float(jnp.max(jnp.abs(e - x)) / jnp.max(jnp.abs(x))) for e, x in zip(est, exact)])
+    (nngp2, ntk2), (nngp32, ntk32) = errors
+    # 32 samples x 8 outputs: the NNGP's relative standard error near 9 % (observed 7.7 %, NTK 2.1 %)
+    assert nngp32 < 0.15 and ntk32 < 0.1, errors
+    assert nngp32 < nngp2 and ntk32 < ntk2, errors
+
+
+# -- weight reuse: tied weights and recurrent networks (Tensor Programs) ---------------------------------------
+
+def test_tied_weights_give_the_untied_kernels():
+    """One square weight applied three times in a row: the NNGP and NTK are those of the untied MLP (the moments
+    of two uses of a weight pair up through its map; the gradient's cross terms between uses vanish)."""
+
+    def tied(p, x):
+        h = jax.nn.relu(x @ p["W_in"])
+        for _ in range(3):
+            h = jax.nn.relu(h @ p["W"])  # the same W every time
+        return h @ p["W_out"]
+
+    params = {"W_in": jnp.zeros((4, 16)), "W": jnp.zeros((16, 16)), "W_out": jnp.zeros((16, 1))}
+    _, _, kernel_fn = traced.infinite_width(tied, params, priors={"W*": traced.Weight(1.0)})
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(16), stax.Relu(), *[stax.Dense(16), stax.Relu()] * 3,
+                                       stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+
+def _rnn(p, x):
+    """An Elman network with tanh over (batch, time, features), in lax.scan; the last state is read out."""
+
+    def step(h, x_t):
+        return jnp.tanh(h @ p["W"] + x_t @ p["U"] + p["b"][None, :]), None
+
+    h0 = jnp.zeros((x.shape[0], p["W"].shape[0]), x.dtype)
+    h, _ = jax.lax.scan(step, h0, jnp.swapaxes(x, 0, 1))
+    return h @ p["V"]
+
+
+def _rnn_params(width, outputs=8):
+    return {"W": jnp.zeros((width, width)), "U": jnp.zeros((3, width)), "b": jnp.zeros((width,)),
+            "V": jnp.zeros((width, outputs))}
+
+
+RNN_PRIORS = {"W": traced.Weight(1.0), "U": traced.Weight(1.0), "V": traced.Weight(1.0), "b": traced.Bias(0.1)}
+SEQ1 = jax.random.normal(jax.random.PRNGKey(6), (4, 3, 3))  # (batch, time, features)
+SEQ2 = jax.random.normal(jax.random.PRNGKey(7), (2, 3, 3))
+
+
+def test_a_recurrent_network_in_lax_scan_converges_monte_carlo():
+    """The tanh RNN (quadrature path: tanh has no closed form) at width 512: the finite networks that init_fn
+    draws converge to the traced kernel; x2 blocks agree with the kernel of the stacked inputs."""
+    from smnngp.empirical import monte_carlo_kernel_fn
+
+    init_fn, apply_fn, kernel_fn = traced.infinite_width(_rnn, _rnn_params(512), priors=RNN_PRIORS)
+    assert {how for _, how in kernel_fn.activations(SEQ1.shape)} == {"ElementwiseNumerical(fn, deg=32)"}
+    exact = kernel_fn(SEQ1, None, get=("nngp", "ntk"))
+    both = kernel_fn(jnp.concatenate([SEQ1, SEQ2]), None, get="nngp")
+    np.testing.assert_allclose(kernel_fn(SEQ1, SEQ2, get="nngp"), both[:4, 4:], rtol=1e-10, atol=1e-12)
+    mc = monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(3), [4, 32], samples_per_call=4)
+    errors = []
+    for est in mc(SEQ1, None, get=("nngp", "ntk")):
+        errors.append([float(jnp.max(jnp.abs(e - x)) / jnp.max(jnp.abs(x))) for e, x in zip(est, exact)])
+    (nngp4, ntk4), (nngp32, ntk32) = errors
+    # 32 samples x 8 outputs: the NNGP's relative standard error near 9 %; the NTK concentrates, its finite-width
+    # bias at 512 near 2 % (1.3 % at width 1,024 over 5 steps)
+    assert nngp32 < 0.15 and ntk32 < 0.05, errors
+    assert nngp32 < nngp4, errors
+
+
 # -- refused constructions: each names the primitive and the user's line -------------------------------------
 
 def _line_of(fn, text):
@@ -384,22 +471,13 @@ def test_a_maximum_over_the_width_is_refused():
     _refused(apply, W, "reduce_max", "max over width", PRIORS)
 
 
-def test_a_loop_is_refused_for_now():
+def test_data_dependent_loops_are_refused():
     def apply(p, x):
         h = x @ p["W1"]
-        h, _ = jax.lax.scan(lambda c, _: (jnp.tanh(c), None), h, None, length=2)  # a loop
+        h = jax.lax.while_loop(lambda c: jnp.sum(c) > 0.0, jnp.tanh, h)  # a data-dependent loop
         return h @ p["W2"]
 
-    _refused(apply, W, "scan", "a loop", PRIORS)
-
-
-def test_weight_reuse_is_refused_for_now():
-    def apply(p, x):
-        h = jax.nn.relu(x @ p["W1"])
-        h = jax.nn.relu(h @ p["W3"])
-        return jax.nn.relu(h @ p["W3"]) @ p["W2"]  # W3 again
-
-    _refused(apply, dict(W, W3=jnp.ones((8, 8))), "used a second time", "W3 again", PRIORS)
+    _refused(apply, W, "control flow", "a data-dependent loop", PRIORS)
 
 
 def test_a_sum_over_the_width_not_divided_by_it_is_refused():

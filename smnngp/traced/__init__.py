@@ -14,6 +14,11 @@ What it reads (see docs/traced.md, "The kernel of your own model"):
 * chains of entrywise primitives on one Gaussian pre-activation: an activation, in closed form when the chain is
   one the engine knows (ReLU and its (a, b) family, leaky ReLU, abs, erf, exact GELU, sin, exp, sign), by
   bivariate Gauss-Hermite quadrature otherwise;
+* ``conv_general_dilated`` with a random filter (any layout, any number of spatial axes, 'SAME' or 'VALID'):
+  a convolutional layer; ``reduce_window_sum`` pooling, flattening and means over every spatial axis: the stax
+  pooling, ``Flatten`` and global pooling maps of the kernel's spatial structure;
+* a weight used several times (tied weights, a recurrent network in ``lax.scan``, written out step by step): the
+  Tensor Programs limit, the moments of two uses of one weight paired through its map;
 * sums and scalings of activations (residual and skip connections) with their cross-covariances;
 * means over the width and the arithmetic on them (layer normalisation written out).
 
@@ -44,8 +49,9 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
     """``(init_fn, apply_fn, kernel_fn)`` of the infinite-width limit of the model ``apply_fn(params, x)``.
 
     Args:
-        apply_fn: the forward pass, ``apply_fn(params, x) -> output`` with ``x`` of shape (batch, features) and an
-            output of shape (batch, outputs): Flax linen's ``model.apply``, an NNX or Equinox model through
+        apply_fn: the forward pass, ``apply_fn(params, x) -> output`` with ``x`` of shape (batch, features) or
+            (batch, spatial..., channels) in any layout the program's first layer reads, and an output of shape
+            (batch, outputs): Flax linen's ``model.apply``, an NNX or Equinox model through
             ``nnx.split``/``nnx.merge`` or ``eqx.partition``/``eqx.combine``, or any function.
         params: example parameters (a pytree); only shapes are read from the random leaves, the values of
             `Fixed` ones are used as they are.
@@ -128,14 +134,14 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
     def kernel_fn(x1, x2=None, get=None, **kwargs):
         """The infinite-width kernel of the traced model (a `smnngp.stax` kernel_fn)."""
         program1, interp1, layer = _program(x1)
-        d1 = evaluate_data(program1, interp1.kind, jnp.asarray(x1), interp1.frontier)[0]
+        d1 = _entering(program1, interp1, x1)
         d2 = None
         if x2 is not None:
             if tuple(jnp.shape(x2))[1:] != tuple(jnp.shape(x1))[1:]:
                 raise ValueError(f"kernel_fn of {label}: x1 {tuple(jnp.shape(x1))} and x2 {tuple(jnp.shape(x2))} "
                                  f"must agree beyond the batch axis")
             program2, interp2, _ = _program(x2)
-            d2 = evaluate_data(program2, interp2.kind, jnp.asarray(x2), interp2.frontier)[0]
+            d2 = _entering(program2, interp2, x2)
         return layer[2](d1, d2, get, **kwargs)
 
     def _stds(x_shape, dtype_name) -> list[float]:
@@ -204,6 +210,12 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
     return init_fn, network_apply_fn, kernel_fn
 
 
+def _entering(program, interp: Interpreter, x):
+    """The input where it enters the network: one array, or several stacked along a position axis."""
+    values = evaluate_data(program, interp.kind, jnp.asarray(x), interp.frontier)
+    return jnp.stack(values, axis=1) if interp.stacked else values[0]
+
+
 def _dry_run(interp: Interpreter, dtype) -> bool:
     """Run the interpreter on abstract values (errors surface now, every spatial layer is recorded for
     `Interpreter.needs_full`); whether the kernel is symmetric."""
@@ -212,9 +224,10 @@ def _dry_run(interp: Interpreter, dtype) -> bool:
     channels = d_shape[interp.in_roles.index("f")]
 
     def run(d):  # the input in canonical layout, with all pairs of positions
-        k, symmetric = interp.run(_input_kernel(d, None, bool(interp.in_spatial), True))
+        k, symmetric = interp.run(_input_kernel(d, None, bool(interp.in_spatial) or interp.stacked, True))
         found["symmetric"] = symmetric
         return k.nngp
 
-    jax.eval_shape(run, jax.ShapeDtypeStruct((2,) + interp.in_spatial + (channels,), dtype))
+    positions = (len(interp.frontier),) if interp.stacked else interp.in_spatial
+    jax.eval_shape(run, jax.ShapeDtypeStruct((2,) + positions + (channels,), dtype))
     return found["symmetric"]

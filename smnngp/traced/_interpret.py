@@ -123,24 +123,29 @@ class Interpreter:
         self.recognised: dict = {} if recognised is None else recognised
         self.fan_in: dict = {}  # fan-in of each weight leaf
         self.activation_report: dict = {} if report is None else report  # chain -> (source line, how read)
-        self.uses: dict = {}  # weight leaf -> the operations that multiply by it
-        if len(self.frontier) > 1:
-            op = next(op for op in program.ops if any(i in self.frontier[1:] for i in op.ins))
-            raise refuse(op, "the input enters the network through more than one value (the input itself and a "
-                             "transformation of it, or several transformations); smnngp.traced takes networks "
-                             "whose input, however preprocessed, enters as one array")
         if not self.frontier:
             raise TracedError("smnngp.traced: the model's output does not depend on both the input and a random "
                               "parameter; there is no kernel to compute")
-        self.in_roles, self.in_spatial = self._frontier_roles()
+        found = [self._frontier_roles(v) for v in self.frontier]
+        self.in_roles, self.in_spatial = found[0]
+        # the input enters through several values (a recurrent network's steps x[:, t], the input and a transform
+        # of it): each a (batch, features) array of one shape; their kernel is that of the values stacked along a
+        # position axis, with every pair of positions
+        self.stacked = len(self.frontier) > 1
+        if self.stacked:
+            shapes = {tuple(program.avals[v].shape) for v in self.frontier}
+            if len(shapes) > 1 or any(f != (("b", "f"), ()) for f in found):
+                op = next(op for op in program.ops if any(i in self.frontier[1:] for i in op.ins))
+                raise refuse(op, f"the input enters the network through {len(self.frontier)} values of shapes "
+                                 f"{sorted(shapes)}; several values are taken when each is (batch, features) of "
+                                 f"one shape")
         # the stax layer of each spatial operation (convolution, pooling, flattening), by position: they say
         # whether the input's kernel must hold every pair of positions or only their diagonal (`needs_full`)
         self.spatial_layers: dict = {}
 
-    def _frontier_roles(self):
-        """Roles of the input's axes where it enters the network (batch, features, spatial in between), read off
-        the operation that takes it in, and the sizes of its spatial axes."""
-        v = self.frontier[0]
+    def _frontier_roles(self, v: int):
+        """Roles of the axes of ``v``, where the input enters the network (batch, features, spatial in between),
+        read off the operation that takes it in, and the sizes of its spatial axes."""
         shape = tuple(self.program.avals[v].shape)
         op = next(op for op in self.program.ops if v in op.ins)
         nd = len(shape)
@@ -178,6 +183,8 @@ class Interpreter:
     def needs_full(self) -> bool:
         """Whether the input's kernel must hold all pairs of spatial positions (the network's output has none):
         each operation's stax layer says so for its input given its output, back from the output."""
+        if self.stacked:
+            return True
         full = {o: False for o in self.program.out_vars}
         for op in reversed(self.program.ops):
             if all(self.kind[o] == "data" for o in op.outs):
@@ -200,11 +207,18 @@ class Interpreter:
 
     def run(self, k0):
         """The output's `Kernel` (and whether the evaluation is symmetric in x1, x2)."""
-        m = Moments(k0, self.deg, self.recognised, self.activation_report)
+        stacked = None
+        if self.stacked:  # k0 holds the values' kernel at every pair of positions; the fields have none
+            stacked, k0 = k0, k0.replace(nngp=k0.nngp[:, :, 0, 0], cov1=k0.cov1[:, 0, 0],
+                                         cov2=None if k0.cov2 is None else k0.cov2[:, 0, 0],
+                                         shape1=(k0.shape1[0], k0.shape1[-1]), shape2=(k0.shape2[0], k0.shape2[-1]),
+                                         full=False)
+        m = Moments(k0, self.deg, self.recognised, self.activation_report, stacked)
         env: dict = {}
         for pos, v in enumerate(self.program.params_vars):
             env[v] = Param(pos, tuple(self.program.avals[v].shape), 1.0, ())
-        env[self.frontier[0]] = DataIn(self.in_roles)
+        for i, v in enumerate(self.frontier):
+            env[v] = DataIn(self.in_roles, i if self.stacked else None)
         for op in self.program.ops:
             if all(self.kind[o] == "data" for o in op.outs):
                 continue  # the input's preprocessing: evaluated before
@@ -264,6 +278,10 @@ class Interpreter:
     def _dot_general(self, op: Op, ins):
         (lc, rc), (lb, rb) = op.params["dimension_numbers"]
         a, b = ins
+        if any(isinstance(v, Const) and not np.any(np.asarray(v.value)) for v in ins):
+            # a weight times an exact zero (a recurrent network's zero initial state): zero
+            aval = self.program.avals[op.outs[0]]
+            return Const(np.zeros(aval.shape, aval.dtype))
         if lb or rb:
             raise refuse(op, "a batched contraction (vmap over examples or heads) is not supported yet")
         weight_left = isinstance(a, Param) and isinstance(b, (Field, DataIn))
@@ -299,12 +317,11 @@ class Interpreter:
         if not isinstance(prior, Weight):
             raise refuse(op, f"parameter {self.random_index[p.leaf]} is used as {what} but its prior is "
                              f"{type(prior).__name__}")
-        uses = self.uses.setdefault(p.leaf, set())
-        uses.add(id(op))
-        if len(uses) > 1:
-            raise refuse(op, f"the weight {self.random_index[p.leaf]} is used a second time (weight reuse: tied "
-                             f"weights, a recurrent step written out); reuse is not supported yet")
-        self.fan_in[p.leaf] = fan_in
+        # a weight used several times (tied weights, a recurrent network's step): every use must sum over the
+        # same fan-in; the moments of two uses pair up through the same map (Tensor Programs)
+        if self.fan_in.setdefault(p.leaf, fan_in) != fan_in:
+            raise refuse(op, f"the weight {self.random_index[p.leaf]} is used again with a fan-in of {fan_in}, "
+                             f"where an earlier use had {self.fan_in[p.leaf]}")
         return prior, math.sqrt(prior.variance(fan_in) * p.scale**2 * fan_in)
 
     def _conv(self, op: Op, ins):

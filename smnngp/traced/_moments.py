@@ -42,7 +42,8 @@ def side_values(coef, x2_is_x1: bool):
 class Moments:
     """The moments of one evaluation (one pair of inputs, or one tile of them), from the input kernel ``k0``."""
 
-    def __init__(self, k0: Kernel, deg: int, recognised: dict, report: dict):
+    def __init__(self, k0: Kernel, deg: int, recognised: dict, report: dict, stacked: Kernel | None = None):
+        self.stacked = stacked  # the kernel of several input values at every pair of positions (or None)
         self.recognised = recognised
         self.report = report
         self.k0 = k0
@@ -106,7 +107,11 @@ class Moments:
         """Moments of two fields (or of the input with itself); ``None`` when they are exactly zero."""
         if isinstance(F, DataIn) or isinstance(G, DataIn):
             if isinstance(F, DataIn) and isinstance(G, DataIn):
-                return self.k0
+                if F.index is None:
+                    return self.k0
+                i, j, k = F.index, G.index, self.stacked
+                return self.k0.replace(nngp=k.nngp[:, :, i, j], cov1=k.cov1[:, i, j],
+                                       cov2=None if k.cov2 is None else k.cov2[:, i, j])
             raise ValueError("smnngp.traced: one weight multiplies both the input and an activation; the input's "
                              "moments with an infinite-width activation are not defined")
         total = None

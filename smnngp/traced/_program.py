@@ -4,7 +4,9 @@
 ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ...) into its body, so that the interpreter sees one sequence
 of primitives. Each variable is an integer; literals and the jaxpr's closed-over constants are folded into
 `Program.consts` as concrete arrays, and so is every operation whose inputs are all constant (evaluated once,
-outside any trace), so that the interpreter only meets operations that involve the input or the parameters.
+outside any trace), so that the interpreter only meets operations that involve the input or the parameters. A
+``lax.scan`` (a recurrent network) is written out step by step, and operations the output does not need are
+dropped.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 from jax.extend import source_info_util
+from jax.extend.core import primitives
+
+from smnngp.traced._errors import TracedError
 
 # Equations whose body is inlined: calls that do not change what the body computes.
 CALL_PRIMITIVES = frozenset({
     "jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
     "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin",
 })
+
+
+# The longest loop (`lax.scan`) written out step by step.
+MAX_UNROLL = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,28 +138,74 @@ class _Builder:
         for eqn in jaxpr.eqns:
             ins = [self.read(env, a) for a in eqn.invars]
             body = _body(eqn) if eqn.primitive.name in CALL_PRIMITIVES else None
+            here = where(eqn.source_info) or outer  # equations inside a call may carry no traceback
             if body is not None:
                 sub, sub_consts = body
                 # custom_vjp_call_jaxpr and friends pass extra leading operands in some versions: the body takes
                 # the last len(invars) of them
-                outs = self.inline(sub, sub_consts, ins[len(ins) - len(sub.invars):], where(eqn.source_info) or outer)
-                for v, o in zip(eqn.outvars, outs):
-                    env[v] = o
-                continue
-            outs = [self.new(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+                outs = self.inline(sub, sub_consts, ins[len(ins) - len(sub.invars):], here)
+            elif eqn.primitive.name == "scan" and not all(i in self.consts for i in ins):
+                outs = self.unroll(eqn, ins, here)
+            else:
+                outs = self.emit(eqn.primitive, dict(eqn.params), ins, [v.aval for v in eqn.outvars], here)
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o
-            if all(i in self.consts for i in ins):
-                # constant folding, eagerly even when kernel_fn itself is being traced
-                with jax.ensure_compile_time_eval():
-                    vals = eqn.primitive.bind(*[self.consts[i] for i in ins], **eqn.params)
-                vals = vals if eqn.primitive.multiple_results else [vals]
-                for o, val in zip(outs, vals):
-                    self.consts[o] = val
-                continue
-            here = where(eqn.source_info) or outer  # equations inside a call may carry no traceback
-            self.ops.append(Op(eqn.primitive, dict(eqn.params), tuple(ins), tuple(outs), here))
         return [self.read(env, a) for a in jaxpr.outvars]
+
+    def emit(self, prim, params: dict, ins: list[int], out_avals, here: str) -> list[int]:
+        """One primitive: folded into a constant when its inputs are all constant, else an `Op`."""
+        outs = [self.new(a.shape, a.dtype) for a in out_avals]
+        if all(i in self.consts for i in ins):
+            # constant folding, eagerly even when kernel_fn itself is being traced
+            with jax.ensure_compile_time_eval():
+                vals = prim.bind(*[self.consts[i] for i in ins], **params)
+            vals = vals if prim.multiple_results else [vals]
+            for o, val in zip(outs, vals):
+                self.consts[o] = val
+        else:
+            self.ops.append(Op(prim, params, tuple(ins), tuple(outs), here))
+        return outs
+
+    def unroll(self, eqn, ins: list[int], here: str) -> list[int]:
+        """A ``lax.scan`` written out step by step: the body inlined ``length`` times, the carry threaded through,
+        each step's slice of the scanned arrays taken and the per-step outputs stacked."""
+        prm = eqn.params
+        length, n_consts, n_carry = int(prm["length"]), int(prm["num_consts"]), int(prm["num_carry"])
+        if length > MAX_UNROLL:
+            raise TracedError(f"smnngp.traced: `scan` at {here}: a loop of {length} steps is written out step by "
+                              f"step, and more than {MAX_UNROLL} steps is too long a program")
+        body = prm["jaxpr"]
+        consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+        steps = range(length - 1, -1, -1) if prm.get("reverse") else range(length)
+        ys_by_step = {}
+        for t in steps:
+            x_t = [self.index(x, t, here) for x in xs]
+            out = self.inline(body.jaxpr, body.consts, list(consts) + list(carry) + x_t, here)
+            carry, ys_by_step[t] = out[:n_carry], out[n_carry:]
+        n_ys = len(eqn.outvars) - n_carry
+        ys = [self.stack([ys_by_step[t][k] for t in range(length)], here) for k in range(n_ys)]
+        return list(carry) + ys
+
+    def index(self, x: int, t: int, here: str) -> int:
+        """``x[t]`` along the leading axis."""
+        shape = tuple(self.avals[x].shape)
+        dtype = self.avals[x].dtype
+        sliced = self.emit(primitives.slice_p, {"start_indices": (t,) + (0,) * (len(shape) - 1),
+                                                "limit_indices": (t + 1,) + shape[1:], "strides": None},
+                           [x], [jax.ShapeDtypeStruct((1,) + shape[1:], dtype)], here)[0]
+        return self.emit(primitives.squeeze_p, {"dimensions": (0,)}, [sliced],
+                         [jax.ShapeDtypeStruct(shape[1:], dtype)], here)[0]
+
+    def stack(self, values: list[int], here: str) -> int:
+        """The values stacked along a new leading axis."""
+        shape = tuple(self.avals[values[0]].shape)
+        dtype = self.avals[values[0]].dtype
+        rows = [self.emit(primitives.broadcast_in_dim_p, {"shape": (1,) + shape,
+                                                          "broadcast_dimensions": tuple(range(1, len(shape) + 1)),
+                                                          "sharding": None},
+                          [v], [jax.ShapeDtypeStruct((1,) + shape, dtype)], here)[0] for v in values]
+        return self.emit(primitives.concatenate_p, {"dimension": 0}, rows,
+                         [jax.ShapeDtypeStruct((len(values),) + shape, dtype)], here)[0]
 
 
 def trace(apply_fn, leaves, treedef, random: list[bool], x_shape, dtype) -> Program:
@@ -169,4 +224,10 @@ def trace(apply_fn, leaves, treedef, random: list[bool], x_shape, dtype) -> Prog
     builder = _Builder()
     invars = [builder.new(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
     outs = builder.inline(closed.jaxpr, closed.consts, invars)
-    return Program(tuple(invars[:-1]), invars[-1], tuple(outs), builder.ops, builder.consts, builder.avals)
+    # only the operations the output needs (a loop's unused per-step outputs, values computed and dropped)
+    needed, ops = set(outs), []
+    for op in reversed(builder.ops):
+        if any(o in needed for o in op.outs):
+            ops.append(op)
+            needed.update(op.ins)
+    return Program(tuple(invars[:-1]), invars[-1], tuple(outs), ops[::-1], builder.consts, builder.avals)

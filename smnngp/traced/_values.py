@@ -56,7 +56,10 @@ class Param:
 
 @dataclasses.dataclass(eq=False)
 class DataIn:
+    """The input where it enters a weight; ``index`` numbers it among several such values (else None)."""
+
     roles: tuple
+    index: int | None = None
 
 
 @dataclasses.dataclass(eq=False)
