@@ -204,6 +204,34 @@ def test_finite_flax_networks_converge_to_the_traced_kernel():
     assert nngp128 < nngp4 and ntk128 < ntk4, errors
 
 
+def test_a_skip_around_a_nonlinearity_takes_steins_lemma():
+    """``relu(h) + h`` is ABRelu(1, 2) of h: the traced kernel pairs relu(h) with h by Stein's lemma
+    (E[relu'(h)] Cov(h, h)) and must give stax's ABRelu kernel."""
+
+    def apply(p, x):
+        h = x @ p["W1"]
+        return (jax.nn.relu(h) + h) @ p["W2"]  # skip around the nonlinearity
+
+    _, _, kernel_fn = traced.infinite_width(apply, W, priors=PRIORS)
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(8), stax.ABRelu(1.0, 2.0), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+
+def test_two_different_activations_of_one_preactivation_take_two_function_quadrature():
+    """``sin(h) + erf(h)`` as two chains: sin with sin and erf with erf in closed form, sin with erf by bivariate
+    quadrature; against the quadrature of the whole function (smooth, so both are exact to rounding)."""
+
+    def apply(p, x):
+        h = x @ p["W1"]
+        return (jnp.sin(h) + jax.lax.erf(h)) @ p["W2"]
+
+    _, _, kernel_fn = traced.infinite_width(apply, W, priors=PRIORS, quadrature_degree=64)
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Dense(8), stax.ElementwiseNumerical(lambda u: jnp.sin(u) + jax.lax.erf(u), 64), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn, tol=1e-9)
+    assert sorted(how.split("(")[0] for _, how in kernel_fn.activations(X1.shape)) == ["Erf", "Sin"]
+
+
 # -- convolutional networks: any layout, pooling, flattening, residual blocks --------------------------------
 
 IM1 = jax.random.normal(jax.random.PRNGKey(4), (3, 6, 6, 2))  # NHWC
