@@ -392,6 +392,131 @@ def test_finite_flax_cnns_converge_to_the_traced_kernel():
     assert nngp32 < nngp2 and ntk32 < ntk2, errors
 
 
+# -- attention: the GlobalSelfAttention limits (1 / n_key scaling, tied queries and keys) ---------------------
+
+SEQ_A = jax.random.normal(jax.random.PRNGKey(8), (3, 5, 4))  # (batch, positions, channels)
+SEQ_B = jax.random.normal(jax.random.PRNGKey(9), (2, 5, 4))
+QK, SV, SO = 0.7, 1.3, 0.9
+
+
+def _stax_attention(mechanism="SOFTMAX", **kw):
+    return stax.GlobalSelfAttention(16, 16, 16, 1, linear_scaling=True, attention_mechanism=mechanism, **kw)
+
+
+def test_plain_jax_softmax_attention_equals_stax_global_self_attention():
+    """Queries tied to keys (scaled by QK), scores divided by the key width, softmax over keys, value and output
+    projections with their scales and a bias, in the 'ntk' style written out."""
+
+    def net(p, x):
+        h = x @ p["W0"] / 2.0
+        k = h @ p["Wk"] / jnp.sqrt(16.0)
+        v = SV * (h @ p["Wv"]) / jnp.sqrt(16.0)
+        a = jax.nn.softmax(jnp.einsum("btd,bsd->bts", QK * k, k) / k.shape[-1], axis=-1)
+        o = SO * jnp.einsum("bts,bsd->btd", a, v) @ p["Wo"] / 4.0 + 0.2 * p["bo"][None, None, :]
+        return jnp.mean(jax.nn.relu(o), axis=1) @ p["W1"] / 4.0
+
+    params = {"W0": jnp.zeros((4, 16)), "Wk": jnp.zeros((16, 16)), "Wv": jnp.zeros((16, 16)),
+              "Wo": jnp.zeros((16, 16)), "bo": jnp.zeros((16,)), "W1": jnp.zeros((16, 1))}
+    priors = {"W*": traced.Weight(1.0, init="unit"), "bo": traced.Bias(1.0)}
+    _, _, kernel_fn = traced.infinite_width(net, params, priors=priors)
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Dense(16), _stax_attention(W_query_std=QK, W_value_std=SV, W_out_std=SO, b_std=0.2), stax.Relu(),
+        stax.GlobalAvgPool(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+
+
+@pytest.mark.parametrize("mechanism, attend", [("SOFTMAX", lambda s: jax.nn.softmax(s, axis=-1)),
+                                               ("IDENTITY", lambda s: s), ("RELU", jax.nn.relu),
+                                               ("ABS", jnp.abs)])
+def test_flax_attention_block_with_a_residual_equals_stax(mechanism, attend):
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Dense(16)(x)
+            k = nn.Dense(16, use_bias=False)(x)
+            v = nn.Dense(16, use_bias=False)(x)
+            a = attend(jnp.einsum("btd,bsd->bts", 0.5 * k, k) / 16)
+            x = nn.relu(x + nn.Dense(16)(jnp.einsum("bts,bsd->btd", a, v)))
+            return nn.Dense(1)(x.reshape((x.shape[0], -1)))
+
+    model = Block()
+    params = model.init(jax.random.PRNGKey(0), SEQ_A)
+    _, _, kernel_fn = traced.infinite_width(model.apply, params)
+    attention = _stax_attention(mechanism, W_query_std=0.5, b_std=0.0)
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Dense(16, b_std=0.0), stax.FanOut(2), stax.parallel(stax.Identity(), attention), stax.FanInSum(),
+        stax.Relu(), stax.Flatten(), stax.Dense(1, b_std=0.0))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+
+
+def test_equinox_and_nnx_attention_equal_stax():
+    eqx = pytest.importorskip("equinox", reason="the Equinox spelling needs equinox (pip install -e '.[traced]')")
+    nnx = pytest.importorskip("flax.nnx", reason="the NNX spelling needs flax >= 0.10")
+    _, _, stax_kernel_fn = stax.serial(_stax_attention(b_std=0.0), stax.GlobalAvgPool(), stax.Dense(1, b_std=0.0))
+
+    class EqxAttention(eqx.Module):  # one example at a time: (positions, channels)
+        k: eqx.nn.Linear
+        v: eqx.nn.Linear
+        o: eqx.nn.Linear
+        out: eqx.nn.Linear
+
+        def __init__(self, key):
+            keys = jax.random.split(key, 4)
+            self.k, self.v, self.o = (eqx.nn.Linear(n, 16, use_bias=False, key=kk)
+                                      for n, kk in zip((4, 4, 16), keys[:3]))
+            self.out = eqx.nn.Linear(16, 1, use_bias=False, key=keys[3])
+
+        def __call__(self, x):
+            k, v = jax.vmap(self.k)(x), jax.vmap(self.v)(x)
+            a = jax.nn.softmax(k @ k.T / 16, axis=-1)
+            return self.out(jnp.mean(jax.vmap(self.o)(a @ v), axis=0))
+
+    params, static = eqx.partition(EqxAttention(jax.random.PRNGKey(0)), eqx.is_array)
+    _, _, kernel_fn = traced.infinite_width(lambda p, x: jax.vmap(eqx.combine(p, static))(x), params,
+                                            priors={"*": traced.Weight(1.0)})
+    _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+
+    class NnxAttention(nnx.Module):
+        def __init__(self, rngs):
+            self.k = nnx.Linear(4, 16, use_bias=False, rngs=rngs)
+            self.v = nnx.Linear(4, 16, use_bias=False, rngs=rngs)
+            self.o = nnx.Linear(16, 16, use_bias=False, rngs=rngs)
+            self.out = nnx.Linear(16, 1, use_bias=False, rngs=rngs)
+
+        def __call__(self, x):
+            k = self.k(x)
+            a = jax.nn.softmax(jnp.einsum("btd,bsd->bts", k, k) / 16, axis=-1)
+            return self.out(self.o(jnp.einsum("bts,bsd->btd", a, self.v(x))).mean(axis=1))
+
+    graphdef, state = nnx.split(NnxAttention(nnx.Rngs(0)))
+    _, _, kernel_fn = traced.infinite_width(lambda st, x: nnx.merge(graphdef, st)(x), state)
+    _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+
+
+def test_sqrt_scaled_and_multi_head_attention_are_refused():
+    params = {"Wk": jnp.ones((4, 8)), "Wq": jnp.ones((4, 8)), "Wv": jnp.ones((4, 8)), "Wo": jnp.ones((8, 1))}
+    priors = {"W*": traced.Weight(1.0)}
+
+    def sqrt_scaled(p, x):
+        k, v = x @ p["Wk"], x @ p["Wv"]
+        a = jax.nn.softmax(jnp.einsum("btd,bsd->bts", x @ p["Wq"], k) / jnp.sqrt(8.0), axis=-1)  # 1/sqrt(d)
+        return jnp.mean(jnp.einsum("bts,bsd->btd", a, v), axis=1) @ p["Wo"]
+
+    with pytest.raises(traced.TracedError, match="grow without bound") as err:
+        traced.infinite_width(sqrt_scaled, params, priors=priors, example_input=SEQ_A)
+    assert f"test_traced.py:{_line_of(sqrt_scaled, '# 1/sqrt(d)')}" in str(err.value)
+
+    def multi_head(p, x):
+        k = (x @ p["Wk"]).reshape(x.shape[:2] + (2, 4))  # two heads
+        a = jax.nn.softmax(jnp.einsum("bthd,bshd->bhts", k, k) / 4, axis=-1)
+        v = (x @ p["Wv"]).reshape(x.shape[:2] + (2, 4))
+        return jnp.mean(jnp.einsum("bhts,bshd->bthd", a, v).reshape(x.shape[:2] + (8,)), axis=1) @ p["Wo"]
+
+    with pytest.raises(traced.TracedError, match="splits axes") as err:
+        traced.infinite_width(multi_head, params, priors=priors, example_input=SEQ_A)
+    assert f"test_traced.py:{_line_of(multi_head, '# two heads')}" in str(err.value)
+
+
 # -- weight reuse: tied weights and recurrent networks (Tensor Programs) ---------------------------------------
 
 def test_tied_weights_give_the_untied_kernels():

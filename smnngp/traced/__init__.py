@@ -17,6 +17,9 @@ What it reads (see docs/traced.md, "The kernel of your own model"):
 * ``conv_general_dilated`` with a random filter (any layout, any number of spatial axes, 'SAME' or 'VALID'):
   a convolutional layer; ``reduce_window_sum`` pooling, flattening and means over every spatial axis: the stax
   pooling, ``Flatten`` and global pooling maps of the kernel's spatial structure;
+* dot-product self-attention with queries tied to keys and scores divided by the key width (any entrywise
+  weighting: softmax, identity, relu, abs): the deterministic attention weights of the limit
+  (`smnngp.stax.GlobalSelfAttention` with ``linear_scaling=True``) mixing the values' positions;
 * a weight used several times (tied weights, a recurrent network in ``lax.scan``, written out step by step): the
   Tensor Programs limit, the moments of two uses of one weight paired through its map;
 * sums and scalings of activations (residual and skip connections) with their cross-covariances;

@@ -28,9 +28,11 @@ from smnngp.traced._values import (
     Field,
     FieldProduct,
     Mapped,
+    Mixed,
     Nonlin,
     Param,
     PerEx,
+    PerPos,
 )
 
 # Primitives that act entry by entry (the chains of an activation are made of them).
@@ -246,8 +248,14 @@ class Interpreter:
         name = op.name
         if name in _PASS_THROUGH:
             return ins
+        if any(isinstance(v, PerPos) for v in ins) and name != "dot_general":
+            return [self._perpos(op, ins)]
+        if name == "stop_gradient":
+            if any(isinstance(v, (Field, FieldProduct, Param)) for v in ins):
+                raise refuse(op, "stop_gradient of an activation or a parameter changes the NTK; it has no rule here")
+            return ins
         if name == "dot_general":
-            return [self._dot_general(op, ins)]
+            return [self._dot_general(op, ins, m)]
         if name == "conv_general_dilated":
             return [self._conv(op, ins)]
         if name == "reduce_window_sum":
@@ -267,17 +275,19 @@ class Interpreter:
         if name in ("cond", "while", "switch"):
             raise refuse(op, "control flow that depends on the input or the parameters has no infinite-width "
                              "limit here")
-        if name == "scan":
-            raise refuse(op, "loops (lax.scan: recurrent networks) are not supported yet")
         raise refuse(op, "this primitive has no infinite-width rule in smnngp.traced")
 
     # -- parameters and weights --------------------------------------------------------------------------
     def _prior(self, param: Param):
         return self.priors[param.leaf]
 
-    def _dot_general(self, op: Op, ins):
+    def _dot_general(self, op: Op, ins, m: Moments):
         (lc, rc), (lb, rb) = op.params["dimension_numbers"]
         a, b = ins
+        if isinstance(a, Field) and isinstance(b, Field) and (lb or rb):
+            return self._attention_logits(op, a, b, m)
+        if any(isinstance(v, PerPos) for v in ins):
+            return self._attend(op, a, b)
         if any(isinstance(v, Const) and not np.any(np.asarray(v.value)) for v in ins):
             # a weight times an exact zero (a recurrent network's zero initial state): zero
             aval = self.program.avals[op.outs[0]]
@@ -307,6 +317,134 @@ class Interpreter:
             raise refuse(op, f"activations with axes {a.roles} enter a weight without their batch axis")
         term = Affine((b.leaf, b.view, rc[0]), a, layer)
         return Field(((term, 1.0),), ("w",) + free if weight_left else free + ("w",), n_out, self._spatial(a))
+
+    # -- attention ----------------------------------------------------------------------------------------
+    def _attention_logits(self, op: Op, a: Field, b: Field, m: Moments) -> PerPos:
+        """``q . k`` over the width, per example and pair of positions: in the limit the covariance of the two
+        fields at those positions of one input (deterministic), still to be divided by the width."""
+        (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+        ok = (len(lc) == len(rc) == 1 and a.roles[lc[0]] == "w" and b.roles[rc[0]] == "w"
+              and tuple(lb) == (a.roles.index("b"),) and tuple(rb) == (b.roles.index("b"),))
+        if not ok:
+            raise refuse(op, f"a product of activations with axes {a.roles} and {b.roles} that is not a contraction "
+                             f"over the width per example (attention scores)")
+        free_a = [r for i, r in enumerate(a.roles) if i not in tuple(lc) + tuple(lb)]
+        free_b = [r for i, r in enumerate(b.roles) if i not in tuple(rc) + tuple(rb)]
+        if free_a != ["s0"] or free_b != ["s0"] or len(a.spatial) != 1:
+            raise refuse(op, f"attention scores over positions {free_a} x {free_b}; this version attends over one "
+                             f"position axis (a sequence: flatten the positions of an image first)")
+        self.spatial_layers[self.position[id(op)]] = _ALL_PAIRS
+        k = m.field(a, b)
+        if k is None:
+            n1, n2, size = m.n1, m.n2, a.spatial[0]
+            v1, v2 = jnp.zeros((n1, size, size), m.dtype), jnp.zeros((n2, size, size), m.dtype)
+        else:
+            v1, v2 = k.cov1, k.cov2
+        return PerPos(v1, None if m.x2_is_x1 else v2, ("b", "s0", "k0"), power=1, power_width=a.width)
+
+    def _attend(self, op: Op, a, b) -> Field:
+        """Attention weights (per example, query and key position) applied to a field's positions."""
+        (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+        weights_first = isinstance(a, PerPos)
+        w, f = (a, b) if weights_first else (b, a)
+        wc, fc, wb, fb = (lc, rc, lb, rb) if weights_first else (rc, lc, rb, lb)
+        if not isinstance(f, Field) or len(wc) != 1 or len(fc) != 1:
+            raise refuse(op, "attention weights contracted with something other than one axis of an activation")
+        if w.power:
+            raise refuse(op, "attention scores summed over the width but not divided by it grow without bound; "
+                             "divide them by the width (1 / n_key scaling)")
+        if tuple(wb) != (w.roles.index("b"),) or tuple(fb) != (f.roles.index("b"),) or f.roles[fc[0]] != "s0":
+            raise refuse(op, f"attention weights with axes {w.roles} applied to activations with axes {f.roles} "
+                             f"other than per example over the positions")
+        contracted = w.roles[wc[0]]
+        free = [r for i, r in enumerate(w.roles) if i not in tuple(wc) + tuple(wb)]
+        if sorted([contracted] + free) != ["k0", "s0"]:
+            raise refuse(op, f"attention weights with axes {w.roles}")
+        order = (w.roles.index("b"), w.roles.index(free[0]), wc[0])  # (batch, output position, summed position)
+        mats = [None if v is None else jnp.transpose(v, order) for v in (w.v1, w.v2)]
+        self.spatial_layers[self.position[id(op)]] = _ALL_PAIRS
+        term = Mixed(PerPos(mats[0], mats[1], ("b", "s0", "k0")), f, self.position[id(op)])
+        f_free = [r for i, r in enumerate(f.roles) if i not in tuple(fc) + tuple(fb)]
+        roles = ("b", "s0", *f_free) if weights_first else ("b", *f_free, "s0")
+        return Field(((term, 1.0),), roles, f.width, f.spatial)
+
+    def _perpos(self, op: Op, ins) -> PerPos:
+        """Operations on attention scores and weights: entrywise arithmetic (softmax, scaling), reductions over
+        positions, reshapes, broadcasts and transposes, done on their values for x1 and for x2."""
+        name = op.name
+        pps = [v for v in ins if isinstance(v, PerPos)]
+        if any(isinstance(v, (Field, FieldProduct, Param, DataIn, PerEx)) for v in ins):
+            raise refuse(op, "attention scores or weights combined entrywise with an activation, a parameter or "
+                             "the input have no rule here")
+        p = pps[0]
+        if name in ("stop_gradient", "convert_element_type", "reduce_precision"):
+            return p
+        out_shape = tuple(self.program.avals[op.outs[0]].shape)
+        if name in ("div", "mul") and p.power:
+            other = ins[1] if ins[0] is p else ins[0]
+            if not isinstance(other, Const) or (name == "div" and ins[1] is p):
+                raise refuse(op, "attention scores summed over the width are combined with another value before "
+                                 "they are divided by the width")
+            c = _uniform_scalar(other.value, op, "a constant factor")
+            factor = c if name == "mul" else 1.0 / c
+            if abs(factor * p.power_width - 1.0) > 1e-12:
+                raise refuse(op, f"attention scores summed over a width of {p.power_width} scaled by {factor}: "
+                                 f"they grow without bound with the width (1 / sqrt(n_key) scaling has Gaussian "
+                                 f"scores and no closed form here); divide by the width (1 / n_key scaling)")
+            return PerPos(p.v1, p.v2, p.roles)
+        if any(v.power for v in pps):
+            raise refuse(op, "attention scores summed over the width but not divided by it grow without bound")
+
+        def values(which):
+            return [v.v1 if which == 1 or v.v2 is None else v.v2 for v in pps]
+
+        def run(which):
+            vals = iter(values(which))
+            n = next(iter(values(which))).shape[p.roles.index("b")]
+            params = dict(op.params)
+            b_out = None
+            if name in ("reduce_max", "reduce_min", "reduce_sum", "argmax", "argmin"):
+                pass
+            elif name == "broadcast_in_dim":
+                dims = params["broadcast_dimensions"]
+                b_out = dims[p.roles.index("b")]
+            elif name == "reshape":
+                b_out = 0
+                if out_shape[0] != self.program.avals[op.ins[0]].shape[0]:
+                    raise refuse(op, "a reshape that moves the batch axis of attention weights")
+            if b_out is not None:
+                key = "shape" if name == "broadcast_in_dim" else "new_sizes"
+                shape = list(params[key])
+                shape[b_out] = n
+                params[key] = tuple(shape)
+            args = []
+            for v in ins:
+                if isinstance(v, PerPos):
+                    args.append(next(vals))
+                else:
+                    c = _uniform_scalar(v.value, op, "a constant with attention scores")
+                    args.append(c)
+            arrays = [x for x in args if not isinstance(x, (bool, int, float))]
+            if len(args) > 1:
+                target = np.broadcast_shapes(*[jnp.shape(x) for x in arrays])
+                args = [jnp.broadcast_to(jnp.asarray(x, arrays[0].dtype) if isinstance(x, (bool, int, float))
+                                         else x, target) for x in args]
+            return op.prim.bind(*args, **params)
+
+        if name in ("reduce_max", "reduce_min", "reduce_sum"):
+            axes = tuple(op.params["axes"])
+            if any(p.roles[ax] == "b" for ax in axes):
+                raise refuse(op, "a reduction over the batch axis of attention scores (batch statistics)")
+            roles = tuple(r for i, r in enumerate(p.roles) if i not in axes)
+        elif name in ("broadcast_in_dim", "reshape", "squeeze"):
+            roles = self._roles_after(op, p.roles, out_shape)
+        elif name == "transpose":
+            roles = tuple(p.roles[i] for i in op.params["permutation"])
+        elif name in ELEMENTWISE:
+            roles = max((v.roles for v in pps), key=lambda r: sum(x != "1" for x in r))
+        else:
+            raise refuse(op, "this operation on attention scores has no rule here")
+        return PerPos(run(1), None if all(v.v2 is None for v in pps) else run(2), roles)
 
     def _spatial(self, v) -> tuple:
         return self.in_spatial if isinstance(v, DataIn) else v.spatial
@@ -715,6 +853,17 @@ class Interpreter:
             name == "integer_pow" and perex[0].zero and op.params["y"] > 0)
         v2 = None if all(p.v2 is None for p in perex) else side(2)
         return PerEx(side(1), v2, roles, zero)
+
+
+class _AllPairs:
+    """The rule of attention for `Interpreter.needs_full`: its input's kernel needs every pair of positions."""
+
+    @staticmethod
+    def needs_full(out_full: bool) -> bool:
+        return True
+
+
+_ALL_PAIRS = _AllPairs()
 
 
 def _padding_name(op: Op, sizes, window, strides, pads) -> str:

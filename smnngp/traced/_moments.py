@@ -26,10 +26,12 @@ import jax
 import jax.numpy as jnp
 
 from smnngp.kernels import Kernel
+from smnngp.stax.attention import _sandwich as sandwich
+from smnngp.stax.attention import _sandwich_diag as sandwich_diag
 from smnngp.stax.elementwise import gauss_hermite_1d, gauss_hermite_2d
 from smnngp.traced._activations import recognise
 from smnngp.traced._errors import TracedError
-from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Mapped, Nonlin, Ones, PerEx
+from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Mapped, Mixed, Nonlin, Ones, PerEx
 
 
 def side_values(coef, x2_is_x1: bool):
@@ -145,6 +147,8 @@ class Moments:
                 return None
             inner = self.field(t.inp, u.inp)
             return None if inner is None else t.layer.kernel_map(inner.replace(is_gaussian=True))
+        if isinstance(t, Mixed) or isinstance(u, Mixed):
+            return self._mixed(t, u)
         if isinstance(t, Mapped) or isinstance(u, Mapped):
             return self._mapped(t, u)
         if isinstance(t, BiasTerm) and isinstance(u, BiasTerm):
@@ -176,6 +180,25 @@ class Moments:
         raise TracedError("smnngp.traced: a pooled or flattened activation meets another activation that it is "
                           "correlated with (a sum or product across a pooling or a flattening, or two different "
                           "poolings of one activation); this pairing is not supported yet")
+
+    def _mixed(self, t, u) -> Kernel | None:
+        """Attention's weighted sums of one operation: ``A1 K A2^T`` over the positions (NNGP, NTK, covariances;
+        the weights are deterministic, so the NTK is mixed the same way)."""
+        if isinstance(t, Mixed) and isinstance(u, Mixed) and t.key == u.key:
+            inner = self.field(t.inp, u.inp)
+            if inner is None:
+                return None
+            a1 = t.weights.v1
+            a2 = a1 if self.x2_is_x1 or t.weights.v2 is None else t.weights.v2
+            ntk = inner.ntk
+            if ntk is not None and jnp.ndim(ntk):
+                ntk = sandwich(a1, jnp.broadcast_to(ntk, inner.nngp.shape), a2)
+            return inner.replace(nngp=sandwich(a1, inner.nngp, a2), ntk=ntk, cov1=sandwich_diag(a1, inner.cov1),
+                                 cov2=None if inner.cov2 is None else sandwich_diag(a2, inner.cov2))
+        if _independent(t, u):
+            return None
+        raise TracedError("smnngp.traced: an attention output meets another activation that it is correlated with "
+                          "(a residual connection around attention); this pairing is not supported yet")
 
     def _outer(self, m1, m2, first: bool) -> Kernel:
         """E[phi(g(x1)) * 1] = m(x1) (``first``), or E[1 * phi(g(x2))] = m(x2)."""
@@ -279,7 +302,7 @@ def sources(x) -> frozenset:
         found = frozenset({("b", x.leaf[0])})
     elif isinstance(x, Nonlin):
         found = sources(x.base)
-    elif isinstance(x, Mapped):
+    elif isinstance(x, (Mapped, Mixed)):
         found = sources(x.inp)
     else:  # the input, the ones vector
         found = frozenset()
@@ -299,7 +322,7 @@ def _own(t):
 def _independent(t, u) -> bool:
     """Whether E[t u] = 0 because one side is a zero-mean Gaussian draw of a leaf the other side does not hold."""
     for a, b in ((t, u), (u, t)):
-        parts = [a] if not isinstance(a, Mapped) else [s for s, _ in a.inp.terms]
+        parts = [a] if not isinstance(a, (Mapped, Mixed)) else [s for s, _ in a.inp.terms]
         if parts and all(_own(p) is not None and _own(p) not in sources(b) for p in parts):
             return True
     return False

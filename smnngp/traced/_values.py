@@ -11,6 +11,8 @@
   layer normalisation's statistics), held as one array per input set.
 * `FieldProduct`: the entrywise product of two fields that are not functions of one Gaussian; only its mean over
   the width (their second moment) has a limit.
+* `PerPos`: deterministic values per example and position pair (attention logits and weights), and `Mixed`, a
+  field's positions mixed by them (attention's weighted sum of values).
 * `Mapped`: a linear map of a field along its spatial axes (pooling, flattening, a global mean), done by a stax
   layer's kernel map (the field's term in the width space of the map's output).
 
@@ -137,6 +139,33 @@ class Mapped(Term):
 
     @property
     def gaussian(self) -> bool:  # a linear map keeps a Gaussian field Gaussian
+        return self.inp.gaussian
+
+
+@dataclasses.dataclass(eq=False)
+class PerPos:
+    """Deterministic values per example and per position (pair): attention logits and weights. ``v1`` has the
+    program's shape with the batch axis over the points of x1, ``v2`` over those of x2 (``None``: x2 is x1);
+    ``power`` as for `PerEx` (a sum over the width not yet divided by it)."""
+
+    v1: Any
+    v2: Any
+    roles: tuple
+    power: int = 0
+    power_width: int = 0
+
+
+@dataclasses.dataclass(eq=False)
+class Mixed(Term):
+    """``sum_s A[t, s] inp[s]``: positions of the field ``inp`` mixed by the per-example weights ``weights`` (a
+    `PerPos` over (batch, query position, key position)); ``key`` names the operation that made it."""
+
+    weights: Any
+    inp: Any  # Field
+    key: int
+
+    @property
+    def gaussian(self) -> bool:  # a deterministic linear map keeps a Gaussian field Gaussian
         return self.inp.gaussian
 
 
