@@ -43,6 +43,8 @@ CASES = {
     "resnet": ("dense ResNet, 2 blocks, 1,000 points", (1000, 8)),
     "layernorm": ("MLP-3 with LayerNorm, 1,000 points", (1000, 8)),
     "cnn_flatten": ("CNN-3 ReLU + Flatten, 200 8x8x3 images (diagonal spatial)", (200, 8, 8, 3)),
+    "attention": ("self-attention block (softmax, residual) + ReLU + Flatten, 200 sequences of 16 x 8",
+                  (200, 16, 8)),
     "wrn": ("WideResNet, 2 blocks + avg pool + Flatten, 64 8x8x3 images (all position pairs)", (64, 8, 8, 3)),
 }
 
@@ -126,11 +128,27 @@ def _networks(case: str):
         stax_net = stax.serial(stax.Conv(width, (3, 3), **conv), block((1, 1), stax.Identity()),
                                block((2, 2), stax.Conv(width, (3, 3), (2, 2), **conv)), stax.Relu(),
                                stax.AvgPool((2, 2), (2, 2)), stax.Flatten(), stax.Dense(1, **dense))
+    elif case == "attention":
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                x = nn.Dense(width)(x)
+                k = nn.Dense(width, use_bias=False)(x)
+                v = nn.Dense(width, use_bias=False)(x)
+                a = jax.nn.softmax(jnp.einsum("btd,bsd->bts", 0.5 * k, k) / width, axis=-1)
+                x = nn.relu(x + nn.Dense(width)(jnp.einsum("bts,bsd->btd", a, v)))
+                return nn.Dense(1)(x.reshape((x.shape[0], -1)))
+
+        attention = stax.GlobalSelfAttention(width, width, width, 1, linear_scaling=True, W_query_std=0.5,
+                                             b_std=0.05)
+        stax_net = stax.serial(stax.Dense(width, **dense), stax.FanOut(2),
+                               stax.parallel(stax.Identity(), attention), stax.FanInSum(), stax.Relu(),
+                               stax.Flatten(), stax.Dense(1, **dense))
     else:
         raise ValueError(f"unknown case {case!r}; cases: {sorted(CASES)}")
     model = Net()
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((2,) + tuple(CASES[case][1][1:])))
-    if case in ("cnn_flatten", "wrn"):
+    if case in ("cnn_flatten", "wrn", "attention"):
         bias = {"params/*/bias": traced.Bias(0.05)}
     _, _, traced_kfn = traced.infinite_width(model.apply, params, priors=bias)
     return stax_net[2], traced_kfn

@@ -363,10 +363,18 @@ class Interpreter:
         order = (w.roles.index("b"), w.roles.index(free[0]), wc[0])  # (batch, output position, summed position)
         mats = [None if v is None else jnp.transpose(v, order) for v in (w.v1, w.v2)]
         self.spatial_layers[self.position[id(op)]] = _ALL_PAIRS
-        term = Mixed(PerPos(mats[0], mats[1], ("b", "s0", "k0")), f, self.position[id(op)])
+        weights = PerPos(mats[0], mats[1], ("b", "s0", "k0"))
         f_free = [r for i, r in enumerate(f.roles) if i not in tuple(fc) + tuple(fb)]
         roles = ("b", "s0", *f_free) if weights_first else ("b", *f_free, "s0")
-        return Field(((term, 1.0),), roles, f.width, f.spatial)
+        key = self.position[id(op)]
+        if len(f.terms) == 1 and isinstance(f.terms[0][0], Affine) and isinstance(f.terms[0][0].inp, Field):
+            # A (x W) = (A x) W: mixing the positions commutes with the value projection, so mix the projection's
+            # input and project after, as stax's attention does (one mixing of the input's kernel serves the NNGP
+            # and the NTK when the input's NTK is its NNGP)
+            (proj, coef), = f.terms
+            mixed = proj.inp.like(((Mixed(weights, proj.inp, key), 1.0),), roles=None)
+            return Field(((Affine(proj.weight, mixed, proj.layer), coef),), roles, f.width, f.spatial)
+        return Field(((Mixed(weights, f, key), 1.0),), roles, f.width, f.spatial)
 
     def _perpos(self, op: Op, ins) -> PerPos:
         """Operations on attention scores and weights: entrywise arithmetic (softmax, scaling), reductions over
