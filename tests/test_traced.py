@@ -179,10 +179,17 @@ def test_kernel_fn_jits_and_feeds_the_posterior():
     assert stp.df == 4.0 + 5
 
 
-def test_finite_flax_networks_converge_to_the_traced_kernel():
-    """Monte Carlo of the network that init_fn draws: NNGP and NTK close, the error falling with the samples."""
+def _monte_carlo_errors(init_fn, apply_fn, x, counts, exact, samples_per_call=4):
+    """Largest relative error of the Monte Carlo NNGP and NTK after each number of networks in ``counts``."""
     from smnngp.empirical import monte_carlo_kernel_fn
 
+    mc = monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(3), counts, samples_per_call=samples_per_call)
+    return [[float(jnp.max(jnp.abs(e - ref)) / jnp.max(jnp.abs(ref))) for e, ref in zip(est, exact)]
+            for est in mc(x, None, get=("nngp", "ntk"))]
+
+
+def test_finite_flax_networks_converge_to_the_traced_kernel():
+    """Monte Carlo of the network that init_fn draws: NNGP and NTK close, the error falling with the samples."""
     class Wide(nn.Module):
         @nn.compact
         def __call__(self, x):
@@ -194,10 +201,7 @@ def test_finite_flax_networks_converge_to_the_traced_kernel():
     params = model.init(jax.random.PRNGKey(0), X1)
     init_fn, apply_fn, kernel_fn = traced.infinite_width(model.apply, params, priors={"*/bias": traced.Bias(0.2)})
     exact = kernel_fn(X1, None, get=("nngp", "ntk"))
-    mc = monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(3), [4, 128], samples_per_call=4)
-    errors = []
-    for est in mc(X1, None, get=("nngp", "ntk")):
-        errors.append([float(jnp.max(jnp.abs(e - x)) / jnp.max(jnp.abs(x))) for e, x in zip(est, exact)])
+    errors = _monte_carlo_errors(init_fn, apply_fn, X1, [4, 128], exact)
     (nngp4, ntk4), (nngp128, ntk128) = errors
     # 128 samples x 16 outputs: relative standard errors near 3 %, the finite-width bias ~1/256
     assert nngp128 < 0.1 and ntk128 < 0.1, errors
@@ -368,8 +372,6 @@ def test_flax_nnx_cnn_and_a_plain_jax_1d_convolution_equal_stax():
 
 def test_finite_flax_cnns_converge_to_the_traced_kernel():
     """Monte Carlo of a two-layer Flax CNN that init_fn draws (128 channels, global mean, 8 outputs)."""
-    from smnngp.empirical import monte_carlo_kernel_fn
-
     class CNN(nn.Module):
         @nn.compact
         def __call__(self, x):
@@ -382,10 +384,7 @@ def test_finite_flax_cnns_converge_to_the_traced_kernel():
     params = model.init(jax.random.PRNGKey(0), images)
     init_fn, apply_fn, kernel_fn = traced.infinite_width(model.apply, params, priors={"*/bias": traced.Bias(0.2)})
     exact = kernel_fn(images, None, get=("nngp", "ntk"))
-    mc = monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(3), [2, 32], samples_per_call=2)
-    errors = []
-    for est in mc(images, None, get=("nngp", "ntk")):
-        errors.append([float(jnp.max(jnp.abs(e - x)) / jnp.max(jnp.abs(x))) for e, x in zip(est, exact)])
+    errors = _monte_carlo_errors(init_fn, apply_fn, images, [2, 32], exact, samples_per_call=2)
     (nngp2, ntk2), (nngp32, ntk32) = errors
     # 32 samples x 8 outputs: the NNGP's relative standard error near 9 % (observed 7.7 %, NTK 2.1 %)
     assert nngp32 < 0.15 and ntk32 < 0.1, errors
@@ -560,17 +559,12 @@ SEQ2 = jax.random.normal(jax.random.PRNGKey(7), (2, 3, 3))
 def test_a_recurrent_network_in_lax_scan_converges_monte_carlo():
     """The tanh RNN (quadrature path: tanh has no closed form) at width 512: the finite networks that init_fn
     draws converge to the traced kernel; x2 blocks agree with the kernel of the stacked inputs."""
-    from smnngp.empirical import monte_carlo_kernel_fn
-
     init_fn, apply_fn, kernel_fn = traced.infinite_width(_rnn, _rnn_params(512), priors=RNN_PRIORS)
     assert {how for _, how in kernel_fn.activations(SEQ1.shape)} == {"ElementwiseNumerical(fn, deg=32)"}
     exact = kernel_fn(SEQ1, None, get=("nngp", "ntk"))
     both = kernel_fn(jnp.concatenate([SEQ1, SEQ2]), None, get="nngp")
     np.testing.assert_allclose(kernel_fn(SEQ1, SEQ2, get="nngp"), both[:4, 4:], rtol=1e-10, atol=1e-12)
-    mc = monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(3), [4, 32], samples_per_call=4)
-    errors = []
-    for est in mc(SEQ1, None, get=("nngp", "ntk")):
-        errors.append([float(jnp.max(jnp.abs(e - x)) / jnp.max(jnp.abs(x))) for e, x in zip(est, exact)])
+    errors = _monte_carlo_errors(init_fn, apply_fn, SEQ1, [4, 32], exact)
     (nngp4, ntk4), (nngp32, ntk32) = errors
     # 32 samples x 8 outputs: the NNGP's relative standard error near 9 %; the NTK concentrates, its finite-width
     # bias at 512 near 2 % (1.3 % at width 1,024 over 5 steps)

@@ -389,16 +389,11 @@ class Interpreter:
             return p
         out_shape = tuple(self.program.avals[op.outs[0]].shape)
         if name in ("div", "mul") and p.power:
-            other = ins[1] if ins[0] is p else ins[0]
-            if not isinstance(other, Const) or (name == "div" and ins[1] is p):
-                raise refuse(op, "attention scores summed over the width are combined with another value before "
-                                 "they are divided by the width")
-            c = _uniform_scalar(other.value, op, "a constant factor")
-            factor = c if name == "mul" else 1.0 / c
-            if abs(factor * p.power_width - 1.0) > 1e-12:
-                raise refuse(op, f"attention scores summed over a width of {p.power_width} scaled by {factor}: "
-                                 f"they grow without bound with the width (1 / sqrt(n_key) scaling has Gaussian "
-                                 f"scores and no closed form here); divide by the width (1 / n_key scaling)")
+            _check_mean(op, ins, p, "attention scores summed over the width are combined with another value before "
+                                    "they are divided by the width",
+                        "attention scores summed over a width of {width} scaled by {factor}: they grow without "
+                        "bound with the width (1 / sqrt(n_key) scaling has Gaussian scores and no closed form "
+                        "here); divide by the width (1 / n_key scaling)")
             return PerPos(p.v1, p.v2, p.roles)
         if any(v.power for v in pps):
             raise refuse(op, "attention scores summed over the width but not divided by it grow without bound")
@@ -830,16 +825,10 @@ class Interpreter:
         # dividing (multiplying) a sum over the width by the width (its inverse) makes it a mean
         if name in ("div", "mul") and len(ins) == 2 and any(v.power for v in perex):
             p = perex[0]
-            other = ins[1] if ins[0] is p else ins[0]
-            if not isinstance(other, Const) or (name == "div" and ins[1] is p):
-                raise refuse(op, "a sum over the width combined with another statistic before it is divided by "
-                                 "the width")
-            c = _uniform_scalar(other.value, op, "a constant factor")
-            factor = c if name == "mul" else 1.0 / c
-            width = p.power_width
-            if abs(factor * width - 1.0) > 1e-12:
-                raise refuse(op, f"a sum over a width of {width} scaled by {factor}, not divided by the width: it "
-                                 f"grows without bound with the width; use a mean")
+            _check_mean(op, ins, p, "a sum over the width combined with another statistic before it is divided by "
+                                    "the width",
+                        "a sum over a width of {width} scaled by {factor}, not divided by the width: it grows "
+                        "without bound with the width; use a mean")
             return PerEx(p.v1, p.v2, roles, p.zero, 0)
         for p in perex:
             self._check_power(op, p)
@@ -861,6 +850,18 @@ class Interpreter:
             name == "integer_pow" and perex[0].zero and op.params["y"] > 0)
         v2 = None if all(p.v2 is None for p in perex) else side(2)
         return PerEx(side(1), v2, roles, zero)
+
+
+def _check_mean(op: Op, ins, p, combined: str, grows: str) -> None:
+    """That ``op`` multiplies the sum over the width ``p`` by exactly one over the width (making it a mean);
+    else `TracedError` with ``combined`` (another value meets the sum) or ``grows`` (another factor)."""
+    other = ins[1] if ins[0] is p else ins[0]
+    if not isinstance(other, Const) or (op.name == "div" and ins[1] is p):
+        raise refuse(op, combined)
+    c = _uniform_scalar(other.value, op, "a constant factor")
+    factor = c if op.name == "mul" else 1.0 / c
+    if abs(factor * p.power_width - 1.0) > 1e-12:
+        raise refuse(op, grows.format(width=p.power_width, factor=factor))
 
 
 class _AllPairs:

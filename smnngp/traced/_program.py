@@ -170,7 +170,11 @@ class _Builder:
         """A ``lax.scan`` written out step by step: the body inlined ``length`` times, the carry threaded through,
         each step's slice of the scanned arrays taken and the per-step outputs stacked."""
         prm = eqn.params
-        length, n_consts, n_carry = int(prm["length"]), int(prm["num_consts"]), int(prm["num_carry"])
+        length = int(prm["length"])
+        if "num_consts" in prm:
+            n_consts, n_carry = int(prm["num_consts"]), int(prm["num_carry"])
+        else:  # newer jax: the operands' groups (constants, carry, scanned) as a flat tree, ft_in
+            n_consts, n_carry = (len(list(group.vals)) for group in prm["ft_in"].unpack()[:2])
         if length > MAX_UNROLL:
             raise TracedError(f"smnngp.traced: `scan` at {here}: a loop of {length} steps is written out step by "
                               f"step, and more than {MAX_UNROLL} steps is too long a program")
