@@ -152,6 +152,55 @@ def test_flax_layer_norm_equals_the_stax_layer_norm():
     _assert_same(kernel_fn, stax_kernel_fn)
 
 
+def test_layer_norm_in_nnx_equinox_and_plain_jax_equals_the_stax_layer_norm():
+    nnx = pytest.importorskip("flax.nnx", reason="the NNX spelling needs flax >= 0.10")
+    eqx = pytest.importorskip("equinox", reason="the Equinox spelling needs equinox (pip install -e '.[traced]')")
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(32), stax.LayerNorm(eps=1e-12), stax.Relu(), stax.Dense(1))
+
+    class NnxLN(nnx.Module):
+        def __init__(self, rngs):
+            self.l1, self.norm = nnx.Linear(4, 32, rngs=rngs), nnx.LayerNorm(32, epsilon=1e-12, rngs=rngs)
+            self.out = nnx.Linear(32, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(jax.nn.relu(self.norm(self.l1(x))))
+
+    graphdef, state = nnx.split(NnxLN(nnx.Rngs(0)))
+    _, _, kernel_fn = traced.infinite_width(lambda st, x: nnx.merge(graphdef, st)(x), state)
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+    class EqxLN(eqx.Module):  # one example at a time; the LayerNorm's weight and bias vectors are fixed
+        l1: eqx.nn.Linear
+        norm: eqx.nn.LayerNorm
+        out: eqx.nn.Linear
+
+        def __init__(self, key):
+            k1, k2 = jax.random.split(key)
+            self.l1, self.out = eqx.nn.Linear(4, 32, key=k1), eqx.nn.Linear(32, 1, key=k2)
+            self.norm = eqx.nn.LayerNorm(32, eps=1e-12)
+
+        def __call__(self, x):
+            return self.out(jax.nn.relu(self.norm(self.l1(x))))
+
+    params, static = eqx.partition(EqxLN(jax.random.PRNGKey(0)), eqx.is_array)
+    _, _, kernel_fn = traced.infinite_width(lambda p, x: jax.vmap(eqx.combine(p, static))(x), params)
+    assert isinstance(kernel_fn.priors["norm/weight"], traced.Fixed)
+    s = 1.0 / np.sqrt(3.0)
+    _, _, eqx_stax = stax.serial(stax.Dense(32, W_std=s, b_std=s / 2.0), stax.LayerNorm(eps=1e-12), stax.Relu(),
+                                 stax.Dense(1, W_std=s, b_std=s / np.sqrt(32.0)))
+    _assert_same(kernel_fn, eqx_stax)
+
+    def plain(p, x):
+        h = x @ p["W1"]
+        h = (h - h.mean(axis=-1, keepdims=True)) / jnp.sqrt(h.var(axis=-1, keepdims=True) + 1e-12)
+        return jax.nn.relu(h) @ p["W2"]
+
+    _, _, kernel_fn = traced.infinite_width(plain, {"W1": jnp.zeros((4, 32)), "W2": jnp.zeros((32, 1))},
+                                            priors={"W*": traced.Weight(1.0)})
+    _, _, plain_stax = stax.serial(stax.Dense(32), stax.LayerNorm(eps=1e-12), stax.Relu(), stax.Dense(1))
+    _assert_same(kernel_fn, plain_stax)
+
+
 def test_standard_parameterisation_and_explicit_scales():
     model = _MLP(nn.relu, width=16, depth=2)
     params = model.init(jax.random.PRNGKey(0), X1)

@@ -61,9 +61,10 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
         priors: which leaves are random and how: a mapping from path patterns (``fnmatch`` on the leaf's keys
             joined by ``/``, e.g. ``'params/Dense_*/kernel'``) to `Weight` / `Bias` / `Fixed`, or a callable
             ``(path, leaf) -> prior or None``. Leaves it leaves open get the framework's initialiser: ``kernel``
-            (Flax, lecun normal) ``Weight(1.0)``, a Flax ``bias`` ``Bias(0.0)``, ``weight`` (Equinox, uniform)
-            ``Weight(1/sqrt(3))`` and its ``bias`` the same uniform's variance, ``scale`` / ``embedding``
-            `Fixed`. Any other leaf must be named.
+            (Flax, lecun normal) ``Weight(1.0)``, a Flax ``bias`` ``Bias(0.0)``, a ``weight`` matrix (Equinox,
+            uniform) ``Weight(1/sqrt(3))`` and its ``bias`` the same uniform's variance, ``scale`` /
+            ``embedding`` / a ``weight`` vector (normalisation scales) and its ``bias`` `Fixed`. Any other leaf
+            must be named.
         example_input: an input (or a ``jax.ShapeDtypeStruct``) to trace and check the program with now, so that
             an unsupported construction is reported here rather than at the first kernel evaluation.
         quadrature_degree: Gauss-Hermite nodes per dimension for activations without a closed form.

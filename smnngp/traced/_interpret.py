@@ -102,7 +102,10 @@ def _uniform_scalar(value, op: Op, what: str) -> float:
     flat = arr.reshape(-1)
     if flat.size == 0:
         raise refuse(op, f"{what} is empty")
-    if not np.all(flat == flat[0]):
+    same = flat == flat[0]
+    if arr.dtype.kind == "f" and np.isnan(flat[0]):
+        same = np.isnan(flat)
+    if not np.all(same):
         raise refuse(op, f"{what} varies along the width or batch axis (values from {flat.min()} to "
                          f"{flat.max()}); a fixed vector that is not constant along the width has no "
                          f"infinite-width limit here")
@@ -598,7 +601,7 @@ class Interpreter:
             roles = self._roles_after(op, v.roles, out_shape)
             if [r for r in roles if r not in ("1", "w")] != [r for r in non_unit if r != "w"]:
                 raise refuse(op, "a reshape mixes the batch axis of a per-example statistic")
-            return PerEx(v.v1, v.v2, roles, v.zero, v.power)
+            return PerEx(v.v1, v.v2, roles, v.zero, v.power, v.power_width)
         if isinstance(v, Field) and v.spatial and op.name == "reshape":
             in_shape = tuple(self.program.avals[op.ins[0]].shape)
             if (v.roles[0] == "b" and len(out_shape) == 2 and out_shape[0] == in_shape[0]
@@ -908,7 +911,7 @@ def _mul_coef(a, b):
 
 
 def _perex_apply(fn, p: PerEx) -> PerEx:
-    return PerEx(fn(p.v1), None if p.v2 is None else fn(p.v2), p.roles, p.zero, p.power)
+    return PerEx(fn(p.v1), None if p.v2 is None else fn(p.v2), p.roles, p.zero, p.power, p.power_width)
 
 
 def _perex_neg(p: PerEx) -> PerEx:

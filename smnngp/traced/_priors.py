@@ -113,7 +113,11 @@ def leaf_paths(params) -> tuple[list[str], list[Any], Any]:
     return paths, [leaf for _, leaf in flat], treedef
 
 
-def _default(path: str, paths: set[str], leaf) -> Prior | None:
+class _EquinoxBias:
+    """Default of an Equinox bias: its variance comes from its weight's fan-in, read when priors are resolved."""
+
+
+def _default(path: str, paths: set[str], leaf) -> Prior | _EquinoxBias | None:
     """The framework's own initialiser read as a prior, or None when the name says nothing."""
     parent, _, name = path.rpartition("/")
     sibling = (parent + "/" if parent else "")
@@ -121,12 +125,15 @@ def _default(path: str, paths: set[str], leaf) -> Prior | None:
         return Weight(1.0)
     if name == "bias" and sibling + "kernel" in paths:  # Flax: zeros
         return Bias(0.0)
-    if name == "weight":  # Equinox Linear / Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), variance 1/(3 fan_in)
+    if name == "weight" and jax.numpy.ndim(leaf) >= 2:
+        # Equinox Linear / Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), variance 1/(3 fan_in)
         return Weight(1.0 / math.sqrt(3.0))
+    if name == "weight":  # a vector named weight: Equinox LayerNorm / GroupNorm's elementwise scale
+        return Fixed()
     if name == "bias" and sibling + "weight" in paths:
         # Equinox draws the bias from the same uniform as the weight: its variance depends on the fan-in, read off
-        # the weight's shape (out, in, *window) at resolution time.
-        return "equinox-bias"  # type: ignore[return-value]
+        # the weight's shape (out, in, *window) when the priors are resolved (a normalisation's offset is fixed)
+        return _EquinoxBias()
     if path.startswith("batch_stats/"):  # Flax's running statistics: values, not random
         return Fixed()
     if name in ("scale", "embedding", "bias") or jax.numpy.ndim(leaf) == 0:
@@ -179,10 +186,13 @@ def resolve_priors(params, priors) -> tuple[list[str], list[Prior], Any]:
         prior = explicit(path, leaf)
         if prior is None:
             prior = _default(path, path_set, leaf)
-        if prior == "equinox-bias":
+        if isinstance(prior, _EquinoxBias):
             weight = leaves[paths.index(path.rpartition("/")[0] + "/weight")]
-            fan_in = math.prod(jax.numpy.shape(weight)[1:])
-            prior = Bias(1.0 / math.sqrt(3.0 * fan_in))
+            if jax.numpy.ndim(weight) < 2:
+                prior = Fixed()
+            else:
+                fan_in = math.prod(jax.numpy.shape(weight)[1:])
+                prior = Bias(1.0 / math.sqrt(3.0 * fan_in))
         if prior is None:
             missing.append(path)
         out.append(prior)
