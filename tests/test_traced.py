@@ -345,6 +345,85 @@ def test_flax_wide_resnet_blocks_equal_the_stax_wide_resnet():
     _assert_same(kernel_fn, stax_kernel_fn, x1=IM1, x2=IM2)
 
 
+def test_wide_resnet_block_in_equinox_and_plain_jax_equals_stax():
+    """A convolution, then a WideResNet block with a strided convolution in the shortcut, in Equinox (channels
+    first, vmapped) and in plain JAX (lax.conv_general_dilated, NHWC, 'ntk' scaling written out)."""
+    eqx = pytest.importorskip("equinox", reason="the Equinox spelling needs equinox (pip install -e '.[traced]')")
+
+    class Block(eqx.Module):
+        stem: eqx.nn.Conv2d
+        c1: eqx.nn.Conv2d
+        c2: eqx.nn.Conv2d
+        short: eqx.nn.Conv2d
+        out: eqx.nn.Linear
+
+        def __init__(self, key):
+            k = jax.random.split(key, 5)
+            conv = dict(kernel_size=3, padding="SAME", use_bias=False)
+            self.stem = eqx.nn.Conv2d(2, 4, key=k[0], **conv)
+            self.c1 = eqx.nn.Conv2d(4, 4, stride=2, key=k[1], **conv)
+            self.c2 = eqx.nn.Conv2d(4, 4, key=k[2], **conv)
+            self.short = eqx.nn.Conv2d(4, 4, stride=2, key=k[3], **conv)
+            self.out = eqx.nn.Linear(4, 1, use_bias=False, key=k[4])
+
+        def __call__(self, x):
+            x = self.stem(x)
+            h = self.c2(jax.nn.relu(self.c1(jax.nn.relu(x)))) + self.short(x)
+            return self.out(jnp.mean(jax.nn.relu(h), axis=(1, 2)))
+
+    def stax_block(W_std):
+        conv = dict(padding="SAME", W_std=W_std)
+        main = stax.serial(stax.Relu(), stax.Conv(4, (3, 3), (2, 2), **conv), stax.Relu(), stax.Conv(4, (3, 3), **conv))
+        return stax.serial(stax.Conv(4, (3, 3), **conv), stax.FanOut(2),
+                           stax.parallel(main, stax.Conv(4, (3, 3), (2, 2), **conv)), stax.FanInSum(), stax.Relu(),
+                           stax.GlobalAvgPool(), stax.Dense(1, W_std=W_std))[2]
+
+    params, static = eqx.partition(Block(jax.random.PRNGKey(0)), eqx.is_array)
+    _, _, kernel_fn = traced.infinite_width(lambda p, x: jax.vmap(eqx.combine(p, static))(x), params)
+    stax_kernel_fn = stax_block(1.0 / np.sqrt(3.0))
+
+    def nhwc_kernel_fn(x1, x2=None):
+        return stax_kernel_fn(jnp.transpose(x1, (0, 2, 3, 1)), None if x2 is None else jnp.transpose(x2, (0, 2, 3, 1)))
+
+    _assert_same(kernel_fn, nhwc_kernel_fn, x1=_nchw(IM1), x2=_nchw(IM2))
+
+    def plain(p, x):
+        conv = jax.lax.conv_general_dilated
+        dn = ("NHWC", "HWIO", "NHWC")
+        x = conv(x, p["stem"], (1, 1), "SAME", dimension_numbers=dn) / np.sqrt(18.0)
+        h = conv(jax.nn.relu(x), p["c1"], (2, 2), "SAME", dimension_numbers=dn) / 6.0
+        h = conv(jax.nn.relu(h), p["c2"], (1, 1), "SAME", dimension_numbers=dn) / 6.0
+        h = h + conv(x, p["short"], (2, 2), "SAME", dimension_numbers=dn) / 6.0
+        return jnp.mean(jax.nn.relu(h), axis=(1, 2)) @ p["out"] / 2.0
+
+    params = {"stem": jnp.zeros((3, 3, 2, 4)), "c1": jnp.zeros((3, 3, 4, 4)), "c2": jnp.zeros((3, 3, 4, 4)),
+              "short": jnp.zeros((3, 3, 4, 4)), "out": jnp.zeros((4, 1))}
+    _, _, kernel_fn = traced.infinite_width(plain, params, priors={"*": traced.Weight(1.0, init="unit")})
+    _assert_same(kernel_fn, stax_block(1.0), x1=IM1, x2=IM2)
+
+
+def test_an_image_entering_through_two_values_is_stacked():
+    """``conv_a(x) + conv_b(2 x)``: the input enters twice (2 x is computed from it alone); the kernel of the
+    stacked values gives a Gaussian of covariance (1 + 4) times the convolution's, stax's Conv with W_std^2 = 5."""
+
+    def apply(p, x):
+        conv = jax.lax.conv_general_dilated
+        dn = ("NCHW", "OIHW", "NCHW")
+        h = conv(x, p["a"], (1, 1), "SAME", dimension_numbers=dn) + conv(2.0 * x, p["b"], (1, 1), "SAME",
+                                                                        dimension_numbers=dn)
+        return jnp.mean(jax.nn.relu(h), axis=(2, 3)) @ p["out"]
+
+    params = {"a": jnp.zeros((4, 2, 3, 3)), "b": jnp.zeros((4, 2, 3, 3)), "out": jnp.zeros((4, 1))}
+    _, _, kernel_fn = traced.infinite_width(apply, params, priors={"*": traced.Weight(1.0)})
+    _, _, stax_kernel_fn = stax.serial(stax.Conv(4, (3, 3), padding="SAME", W_std=np.sqrt(5.0)), stax.Relu(),
+                                       stax.GlobalAvgPool(), stax.Dense(1))
+
+    def nhwc_kernel_fn(x1, x2=None):
+        return stax_kernel_fn(jnp.transpose(x1, (0, 2, 3, 1)), None if x2 is None else jnp.transpose(x2, (0, 2, 3, 1)))
+
+    _assert_same(kernel_fn, nhwc_kernel_fn, x1=_nchw(IM1), x2=_nchw(IM2))
+
+
 def test_equinox_cnn_in_channels_first_layout_equals_stax():
     """Equinox convolves one (C, H, W) example at a time; vmapped over the batch, with its uniform initialisers and
     a tanh that takes quadrature."""

@@ -119,7 +119,7 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
 
         # the input's layout where it enters the network (batch axis, channel axis); the stax machinery moves
         # the axes of the data there (batch first, channels last) before the input kernel
-        layout = None if interp.layout == (0, len(interp.in_roles) - 1) else interp.layout
+        layout = None if interp.stacked or interp.layout == (0, len(interp.in_roles) - 1) else interp.layout
         layer = Layer(f"traced({label})", lambda key, s: (s, ()), lambda p, x, **kw: x,
                       lambda s: tuple(s[:1]) + out_shape[1:], kernel_map, lambda full: full or full_in, symmetric,
                       layout=layout)
@@ -217,7 +217,10 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
 def _entering(program, interp: Interpreter, x):
     """The input where it enters the network: one array, or several stacked along a position axis."""
     values = evaluate_data(program, interp.kind, jnp.asarray(x), interp.frontier)
-    return jnp.stack(values, axis=1) if interp.stacked else values[0]
+    if not interp.stacked:
+        return values[0]
+    # each value in canonical layout (batch first, channels last), stacked along a new axis after the batch
+    return jnp.stack([jnp.moveaxis(v, interp.layout, (0, -1)) for v in values], axis=1)
 
 
 def _dry_run(interp: Interpreter, dtype) -> bool:
@@ -232,6 +235,6 @@ def _dry_run(interp: Interpreter, dtype) -> bool:
         found["symmetric"] = symmetric
         return k.nngp
 
-    positions = (len(interp.frontier),) if interp.stacked else interp.in_spatial
+    positions = ((len(interp.frontier),) if interp.stacked else ()) + interp.in_spatial
     jax.eval_shape(run, jax.ShapeDtypeStruct((2,) + positions + (channels,), dtype))
     return found["symmetric"]

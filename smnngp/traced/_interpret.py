@@ -134,16 +134,16 @@ class Interpreter:
         found = [self._frontier_roles(v) for v in self.frontier]
         self.in_roles, self.in_spatial = found[0]
         # the input enters through several values (a recurrent network's steps x[:, t], the input and a transform
-        # of it): each a (batch, features) array of one shape; their kernel is that of the values stacked along a
-        # position axis, with every pair of positions
+        # of it, relu(x) and x in a residual block): arrays of one shape and layout; their kernel is that of the
+        # values stacked along a new leading position axis, with every pair of positions
         self.stacked = len(self.frontier) > 1
         if self.stacked:
             shapes = {tuple(program.avals[v].shape) for v in self.frontier}
-            if len(shapes) > 1 or any(f != (("b", "f"), ()) for f in found):
+            if len(shapes) > 1 or any(f != found[0] for f in found):
                 op = next(op for op in program.ops if any(i in self.frontier[1:] for i in op.ins))
                 raise refuse(op, f"the input enters the network through {len(self.frontier)} values of shapes "
-                                 f"{sorted(shapes)}; several values are taken when each is (batch, features) of "
-                                 f"one shape")
+                                 f"{sorted(shapes)} and layouts {sorted({f[0] for f in found})}; several values "
+                                 f"are taken when they have one shape and one layout")
         # the stax layer of each spatial operation (convolution, pooling, flattening), by position: they say
         # whether the input's kernel must hold every pair of positions or only their diagonal (`needs_full`)
         self.spatial_layers: dict = {}
@@ -213,11 +213,12 @@ class Interpreter:
     def run(self, k0):
         """The output's `Kernel` (and whether the evaluation is symmetric in x1, x2)."""
         stacked = None
-        if self.stacked:  # k0 holds the values' kernel at every pair of positions; the fields have none
+        if self.stacked:  # k0 holds the values' kernel with the stacking axis first: one value's for the fields
+            sp = tuple(self.in_spatial)
             stacked, k0 = k0, k0.replace(nngp=k0.nngp[:, :, 0, 0], cov1=k0.cov1[:, 0, 0],
                                          cov2=None if k0.cov2 is None else k0.cov2[:, 0, 0],
-                                         shape1=(k0.shape1[0], k0.shape1[-1]), shape2=(k0.shape2[0], k0.shape2[-1]),
-                                         full=False)
+                                         shape1=(k0.shape1[0],) + sp + (k0.shape1[-1],),
+                                         shape2=(k0.shape2[0],) + sp + (k0.shape2[-1],), full=bool(sp))
         m = Moments(k0, self.deg, self.recognised, self.activation_report, stacked)
         env: dict = {}
         for pos, v in enumerate(self.program.params_vars):
