@@ -295,6 +295,14 @@ def _nchw(x):
     return jnp.transpose(x, (0, 3, 1, 2))
 
 
+def _channels_last(stax_kernel_fn):
+    """A stax kernel_fn (NHWC) taking NCHW inputs, to compare with a traced channels-first model."""
+    def kernel_fn(x1, x2=None):
+        return stax_kernel_fn(jnp.transpose(x1, (0, 2, 3, 1)), None if x2 is None else jnp.transpose(x2, (0, 2, 3, 1)))
+
+    return kernel_fn
+
+
 def test_flax_cnn_with_pooling_strides_and_global_mean_equals_the_stax_cnn():
     class CNN(nn.Module):
         @nn.compact
@@ -382,10 +390,7 @@ def test_wide_resnet_block_in_equinox_and_plain_jax_equals_stax():
     _, _, kernel_fn = traced.infinite_width(lambda p, x: jax.vmap(eqx.combine(p, static))(x), params)
     stax_kernel_fn = stax_block(1.0 / np.sqrt(3.0))
 
-    def nhwc_kernel_fn(x1, x2=None):
-        return stax_kernel_fn(jnp.transpose(x1, (0, 2, 3, 1)), None if x2 is None else jnp.transpose(x2, (0, 2, 3, 1)))
-
-    _assert_same(kernel_fn, nhwc_kernel_fn, x1=_nchw(IM1), x2=_nchw(IM2))
+    _assert_same(kernel_fn, _channels_last(stax_kernel_fn), x1=_nchw(IM1), x2=_nchw(IM2))
 
     def plain(p, x):
         conv = jax.lax.conv_general_dilated
@@ -418,10 +423,7 @@ def test_an_image_entering_through_two_values_is_stacked():
     _, _, stax_kernel_fn = stax.serial(stax.Conv(4, (3, 3), padding="SAME", W_std=np.sqrt(5.0)), stax.Relu(),
                                        stax.GlobalAvgPool(), stax.Dense(1))
 
-    def nhwc_kernel_fn(x1, x2=None):
-        return stax_kernel_fn(jnp.transpose(x1, (0, 2, 3, 1)), None if x2 is None else jnp.transpose(x2, (0, 2, 3, 1)))
-
-    _assert_same(kernel_fn, nhwc_kernel_fn, x1=_nchw(IM1), x2=_nchw(IM2))
+    _assert_same(kernel_fn, _channels_last(stax_kernel_fn), x1=_nchw(IM1), x2=_nchw(IM2))
 
 
 def test_equinox_cnn_in_channels_first_layout_equals_stax():
@@ -457,10 +459,7 @@ def test_equinox_cnn_in_channels_first_layout_equals_stax():
         stax.Conv(4, (3, 3), padding="SAME", W_std=s, b_std=s / np.sqrt(36)), stax.ElementwiseNumerical(jnp.tanh, 32),
         stax.Flatten(), stax.Dense(1, W_std=s, b_std=s / np.sqrt(36)))
 
-    def nhwc_kernel_fn(x1, x2=None):
-        return stax_kernel_fn(jnp.transpose(x1, (0, 2, 3, 1)), None if x2 is None else jnp.transpose(x2, (0, 2, 3, 1)))
-
-    _assert_same(kernel_fn, nhwc_kernel_fn, x1=_nchw(IM1), x2=_nchw(IM2))
+    _assert_same(kernel_fn, _channels_last(stax_kernel_fn), x1=_nchw(IM1), x2=_nchw(IM2))
     assert [how for _, how in kernel_fn.activations(_nchw(IM1).shape)] == ["ElementwiseNumerical(fn, deg=32)", "Relu"]
 
 
