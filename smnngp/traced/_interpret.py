@@ -409,10 +409,8 @@ class Interpreter:
             vals = iter(values(which))
             n = next(iter(values(which))).shape[p.roles.index("b")]
             params = dict(op.params)
-            b_out = None
-            if name in ("reduce_max", "reduce_min", "reduce_sum", "argmax", "argmin"):
-                pass
-            elif name == "broadcast_in_dim":
+            b_out = None  # the output axis of the batch, for the operations whose parameters hold a batch size
+            if name == "broadcast_in_dim":
                 dims = params["broadcast_dimensions"]
                 b_out = dims[p.roles.index("b")]
             elif name == "reshape":
