@@ -8,6 +8,7 @@ and the user's line.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import jax
@@ -619,7 +620,7 @@ def test_equinox_and_nnx_attention_equal_stax():
     _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
 
 
-def test_sqrt_scaled_and_multi_head_attention_are_refused():
+def test_sqrt_scaled_attention_is_refused():
     params = {"Wk": jnp.ones((4, 8)), "Wq": jnp.ones((4, 8)), "Wv": jnp.ones((4, 8)), "Wo": jnp.ones((8, 1))}
     priors = {"W*": traced.Weight(1.0)}
 
@@ -632,15 +633,54 @@ def test_sqrt_scaled_and_multi_head_attention_are_refused():
         traced.infinite_width(sqrt_scaled, params, priors=priors, example_input=SEQ_A)
     assert f"test_traced.py:{_line_of(sqrt_scaled, '# 1/sqrt(d)')}" in str(err.value)
 
-    def multi_head(p, x):
-        k = (x @ p["Wk"]).reshape(x.shape[:2] + (2, 4))  # two heads
+
+def _multi_head(p, x, heads=2, order="bthd"):
+    """Softmax attention with ``heads`` heads (the width split by a reshape, scores per head divided by the width
+    per head), the heads merged back before the output projection; ``order`` the layout of the per-head arrays."""
+    width = p["Wk"].shape[1]
+    split = x.shape[:2] + (heads, width // heads)
+    h = x @ p["W0"] / 2.0
+    k = (h @ p["Wk"] / jnp.sqrt(16.0)).reshape(split)
+    v = SV * (h @ p["Wv"] / jnp.sqrt(16.0)).reshape(split)
+    if order == "bhtd":  # heads before positions
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+        scores = jnp.einsum("bhtd,bhsd->bhts", QK * k, k) / k.shape[-1]
+        o = jnp.swapaxes(jnp.einsum("bhts,bhsd->bhtd", jax.nn.softmax(scores, axis=-1), v), 1, 2)
+    else:
+        scores = jnp.einsum("bthd,bshd->bhts", QK * k, k) / k.shape[-1]
+        o = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), v)
+    o = SO * o.reshape(x.shape[:2] + (width,)) @ p["Wo"] / 4.0
+    return jnp.mean(jax.nn.relu(o), axis=1) @ p["W1"] / 4.0
+
+
+@pytest.mark.parametrize("heads, order", [(2, "bthd"), (4, "bhtd")])
+def test_multi_head_attention_in_plain_jax_equals_stax(heads, order):
+    """Heads split off the width by a reshape: with the width per head taken to infinity and the number of heads
+    fixed, every head's scores converge to the same values, so the kernel is stax's GlobalSelfAttention (whose
+    limit does not depend on the number of heads), NNGP and NTK."""
+    params = {"W0": jnp.zeros((4, 16)), "Wk": jnp.zeros((16, 16)), "Wv": jnp.zeros((16, 16)),
+              "Wo": jnp.zeros((16, 16)), "W1": jnp.zeros((16, 1))}
+    _, _, kernel_fn = traced.infinite_width(functools.partial(_multi_head, heads=heads, order=order), params,
+                                            priors={"W*": traced.Weight(1.0, init="unit")})
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Dense(16), stax.GlobalSelfAttention(16, 16 // heads, 16 // heads, heads, linear_scaling=True,
+                                                 W_query_std=QK, W_value_std=SV, W_out_std=SO),
+        stax.Relu(), stax.GlobalAvgPool(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+
+
+def test_a_projection_applied_per_head_is_refused():
+    params = {"Wk": jnp.ones((4, 8)), "Wv": jnp.ones((4, 8)), "Wh": jnp.ones((4, 4)), "Wo": jnp.ones((8, 1))}
+
+    def per_head_projection(p, x):
+        k = (x @ p["Wk"]).reshape(x.shape[:2] + (2, 4))
         a = jax.nn.softmax(jnp.einsum("bthd,bshd->bhts", k, k) / 4, axis=-1)
-        v = (x @ p["Wv"]).reshape(x.shape[:2] + (2, 4))
+        v = (x @ p["Wv"]).reshape(x.shape[:2] + (2, 4)) @ p["Wh"]  # per head
         return jnp.mean(jnp.einsum("bhts,bshd->bthd", a, v).reshape(x.shape[:2] + (8,)), axis=1) @ p["Wo"]
 
-    with pytest.raises(traced.TracedError, match="splits axes") as err:
-        traced.infinite_width(multi_head, params, priors=priors, example_input=SEQ_A)
-    assert f"test_traced.py:{_line_of(multi_head, '# two heads')}" in str(err.value)
+    with pytest.raises(traced.TracedError, match="each attention head") as err:
+        traced.infinite_width(per_head_projection, params, priors={"W*": traced.Weight(1.0)}, example_input=SEQ_A)
+    assert f"test_traced.py:{_line_of(per_head_projection, '# per head')}" in str(err.value)
 
 
 # -- weight reuse: tied weights and recurrent networks (Tensor Programs) ---------------------------------------
@@ -660,6 +700,31 @@ def test_tied_weights_give_the_untied_kernels():
     _, _, stax_kernel_fn = stax.serial(stax.Dense(16), stax.Relu(), *[stax.Dense(16), stax.Relu()] * 3,
                                        stax.Dense(1))
     _assert_same(kernel_fn, stax_kernel_fn)
+
+
+def test_a_weight_used_with_its_transpose_is_refused():
+    """Tied input/output embeddings and a tied autoencoder use a weight and its transpose: the two uses are
+    correlated in the limit by a term the interpreter does not compute, so both are refused at the second use."""
+    onehot = jax.nn.one_hot(jnp.array([[0, 2, 1], [3, 3, 0]]), 5)  # (batch, tokens, vocabulary)
+
+    def tied_embeddings(p, x):
+        h = jax.nn.relu(x @ p["E"] @ p["W"])
+        return jnp.mean(h, axis=1) @ p["E"].T  # readout tied to the embedding
+
+    params = {"E": jnp.zeros((5, 16)), "W": jnp.zeros((16, 16))}
+    with pytest.raises(traced.TracedError, match="transpose") as err:
+        traced.infinite_width(tied_embeddings, params, priors={"*": traced.Weight(1.0)}, example_input=onehot)
+    assert f"test_traced.py:{_line_of(tied_embeddings, '# readout tied')}" in str(err.value)
+
+    def tied_autoencoder(p, x):
+        h = jax.nn.relu(x @ p["W0"])
+        z = jnp.tanh(h @ p["W"])
+        return jax.nn.relu(z @ p["W"].T) @ p["W1"]  # decoder tied
+
+    params = {"W0": jnp.zeros((4, 16)), "W": jnp.zeros((16, 16)), "W1": jnp.zeros((16, 1))}
+    with pytest.raises(traced.TracedError, match="transpose") as err:
+        traced.infinite_width(tied_autoencoder, params, priors={"*": traced.Weight(1.0)}, example_input=X1)
+    assert f"test_traced.py:{_line_of(tied_autoencoder, '# decoder tied')}" in str(err.value)
 
 
 def _rnn(p, x):

@@ -127,6 +127,7 @@ class Interpreter:
         # sizes have the same operations in the same order and share the dict
         self.recognised: dict = {} if recognised is None else recognised
         self.fan_in: dict = {}  # fan-in of each weight leaf
+        self.first_use: dict = {}  # (view, contracted axis, fan-in) of each weight leaf's first use
         self.activation_report: dict = {} if report is None else report  # chain -> (source line, how read)
         if not self.frontier:
             raise TracedError("smnngp.traced: the model's output does not depend on both the input and a random "
@@ -314,11 +315,14 @@ class Interpreter:
                              f"feature axis (batch, ..., features) @ (features, width)")
         fan_in = b.shape[rc[0]]
         n_out = b.shape[1 - rc[0]]
-        prior, W_std = self._weight(op, b, fan_in, "a weight")
+        prior, W_std = self._weight(op, b, fan_in, "a weight", rc[0])
         layer = stax.Dense(n_out, W_std=W_std, parameterization=prior.parameterization)
         free = tuple(r for i, r in enumerate(a.roles) if i != lc[0])
         if "b" not in free:
             raise refuse(op, f"activations with axes {a.roles} enter a weight without their batch axis")
+        if "h" in free:
+            raise refuse(op, "one weight applied to each attention head's part of the width separately; merge "
+                             "the heads (reshape to (..., heads * width)) before the projection")
         term = Affine((b.leaf, b.view, rc[0]), a, layer)
         return Field(((term, 1.0),), ("w",) + free if weight_left else free + ("w",), n_out, self._spatial(a))
 
@@ -327,11 +331,13 @@ class Interpreter:
         """``q . k`` over the width, per example and pair of positions: in the limit the covariance of the two
         fields at those positions of one input (deterministic), still to be divided by the width."""
         (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+        batch = tuple(a.roles[i] for i in lb)
         ok = (len(lc) == len(rc) == 1 and a.roles[lc[0]] == "w" and b.roles[rc[0]] == "w"
-              and tuple(lb) == (a.roles.index("b"),) and tuple(rb) == (b.roles.index("b"),))
+              and batch == tuple(b.roles[i] for i in rb) and sorted(batch) in (["b"], ["b", "h"])
+              and ("h" in a.roles) == ("h" in batch) and ("h" in b.roles) == ("h" in batch))
         if not ok:
             raise refuse(op, f"a product of activations with axes {a.roles} and {b.roles} that is not a contraction "
-                             f"over the width per example (attention scores)")
+                             f"over the width per example (and per head) (attention scores)")
         free_a = [r for i, r in enumerate(a.roles) if i not in tuple(lc) + tuple(lb)]
         free_b = [r for i, r in enumerate(b.roles) if i not in tuple(rc) + tuple(rb)]
         if free_a != ["s0"] or free_b != ["s0"] or len(a.spatial) != 1:
@@ -339,12 +345,21 @@ class Interpreter:
                              f"position axis (a sequence: flatten the positions of an image first)")
         self.spatial_layers[self.position[id(op)]] = _ALL_PAIRS
         k = m.field(a, b)
+        size = a.spatial[0]
         if k is None:
-            n1, n2, size = m.n1, m.n2, a.spatial[0]
-            v1, v2 = jnp.zeros((n1, size, size), m.dtype), jnp.zeros((n2, size, size), m.dtype)
+            v1, v2 = jnp.zeros((m.n1, size, size), m.dtype), jnp.zeros((m.n2, size, size), m.dtype)
         else:
             v1, v2 = k.cov1, k.cov2
-        return PerPos(v1, None if m.x2_is_x1 else v2, ("b", "s0", "k0"), power=1, power_width=a.width)
+        roles = batch + ("s0", "k0")
+        if "h" in batch:  # every head has the same scores in the limit: the values repeated along the head axis
+            heads = int(self.program.avals[op.outs[0]].shape[batch.index("h")])
+            where = batch.index("h")
+
+            def per_head(v):
+                v = jnp.expand_dims(v, where)
+                return jnp.broadcast_to(v, v.shape[:where] + (heads,) + v.shape[where + 1:])
+            v1, v2 = per_head(v1), None if v2 is None else per_head(v2)
+        return PerPos(v1, None if m.x2_is_x1 else v2, roles, power=1, power_width=a.width)
 
     def _attend(self, op: Op, a, b) -> Field:
         """Attention weights (per example, query and key position) applied to a field's positions."""
@@ -357,19 +372,26 @@ class Interpreter:
         if w.power:
             raise refuse(op, "attention scores summed over the width but not divided by it grow without bound; "
                              "divide them by the width (1 / n_key scaling)")
-        if tuple(wb) != (w.roles.index("b"),) or tuple(fb) != (f.roles.index("b"),) or f.roles[fc[0]] != "s0":
+        batch = tuple(w.roles[i] for i in wb)
+        if (batch != tuple(f.roles[i] for i in fb) or sorted(batch) not in (["b"], ["b", "h"])
+                or ("h" in f.roles) != ("h" in batch) or f.roles[fc[0]] != "s0"):
             raise refuse(op, f"attention weights with axes {w.roles} applied to activations with axes {f.roles} "
-                             f"other than per example over the positions")
+                             f"other than per example (and per head) over the positions")
         contracted = w.roles[wc[0]]
         free = [r for i, r in enumerate(w.roles) if i not in tuple(wc) + tuple(wb)]
         if sorted([contracted] + free) != ["k0", "s0"]:
             raise refuse(op, f"attention weights with axes {w.roles}")
-        order = (w.roles.index("b"), w.roles.index(free[0]), wc[0])  # (batch, output position, summed position)
+        # (batch, [head,] output position, summed position); every head's weights are the same in the limit (their
+        # scores are, and only uniform constants enter them): head 0's serve all
+        head = (w.roles.index("h"),) if "h" in batch else ()
+        order = (w.roles.index("b"),) + head + (w.roles.index(free[0]), wc[0])
         mats = [None if v is None else jnp.transpose(v, order) for v in (w.v1, w.v2)]
+        if head:
+            mats = [None if v is None else v[:, 0] for v in mats]
         self.spatial_layers[self.position[id(op)]] = _ALL_PAIRS
         weights = PerPos(mats[0], mats[1], ("b", "s0", "k0"))
         f_free = [r for i, r in enumerate(f.roles) if i not in tuple(fc) + tuple(fb)]
-        roles = ("b", "s0", *f_free) if weights_first else ("b", *f_free, "s0")
+        roles = batch + ("s0", *f_free) if weights_first else batch + (*f_free, "s0")
         key = self.position[id(op)]
         if len(f.terms) == 1 and isinstance(f.terms[0][0], Affine) and isinstance(f.terms[0][0].inp, Field):
             # A (x W) = (A x) W: mixing the positions commutes with the value projection, so mix the projection's
@@ -454,17 +476,26 @@ class Interpreter:
     def _spatial(self, v) -> tuple:
         return self.in_spatial if isinstance(v, DataIn) else v.spatial
 
-    def _weight(self, op: Op, p: Param, fan_in: int, what: str):
+    def _weight(self, op: Op, p: Param, fan_in: int, what: str, orientation: int = 0):
         """The prior of a weight leaf used once, its standard deviation times sqrt(fan_in) (W_std)."""
         prior = self._prior(p)
         if not isinstance(prior, Weight):
             raise refuse(op, f"parameter {self.random_index[p.leaf]} is used as {what} but its prior is "
                              f"{type(prior).__name__}")
-        # a weight used several times (tied weights, a recurrent network's step): every use must sum over the
-        # same fan-in; the moments of two uses pair up through the same map (Tensor Programs)
-        if self.fan_in.setdefault(p.leaf, fan_in) != fan_in:
-            raise refuse(op, f"the weight {self.random_index[p.leaf]} is used again with a fan-in of {fan_in}, "
-                             f"where an earlier use had {self.fan_in[p.leaf]}")
+        # a weight used several times (tied weights, a recurrent network's step): every use must multiply the
+        # same view of it over the same fan-in; the moments of two uses then pair up through one map (Tensor
+        # Programs). A use of its transpose (tied input/output embeddings, a tied autoencoder's decoder) is
+        # correlated with every earlier use by a term of its own (NETSOR-T's correction), not computed here.
+        use = (p.view, orientation, fan_in)
+        first = self.first_use.setdefault(p.leaf, use)
+        self.fan_in[p.leaf] = fan_in
+        if first != use:
+            what_now = "its transpose" if first[2] != fan_in or first[1] != orientation else "another view of it"
+            raise refuse(op, f"the weight {self.random_index[p.leaf]} is used again as {what_now} (fan-in {fan_in}, "
+                             f"where an earlier use had {first[2]}): a weight and its transpose are correlated "
+                             f"in the limit by a term smnngp.traced does not compute, and a tied output "
+                             f"embedding read out with 1/sqrt(width) scaling has a mean that grows with the width; "
+                             f"untie the weights (a separate readout matrix)")
         return prior, math.sqrt(prior.variance(fan_in) * p.scale**2 * fan_in)
 
     def _conv(self, op: Op, ins):
@@ -607,6 +638,10 @@ class Interpreter:
                     and set(v.roles[1:]) == {"w"} | {f"s{i}" for i in range(len(v.spatial))}):
                 # flattening (batch, spatial..., width) in any order of the non-batch axes
                 return self._mapped(op, v, stax.Flatten(), ("b", "w"), int(out_shape[1]), "flatten", ())
+        if isinstance(v, Field) and op.name == "reshape":
+            heads = self._heads_reshape(op, v, out_shape)
+            if heads is not None:
+                return heads
         if isinstance(v, (Field, FieldProduct)):
             roles = self._roles_after(op, v.roles, out_shape)
             if [r for r in roles if r != "1"] != [r for r in v.roles if r != "1"]:
@@ -616,6 +651,25 @@ class Interpreter:
                 return v.like(v.terms, roles)
             return FieldProduct(v.left, v.right, roles, v.width, v.spatial)
         raise refuse(op, f"a reshape of {type(v).__name__}")
+
+    def _heads_reshape(self, op: Op, v: Field, out_shape: tuple) -> Field | None:
+        """Attention heads: the width split into (heads, width per head), or the two merged back. The coordinates
+        of a field are exchangeable, so the split only renames axes; the limit takes the width per head to
+        infinity with the number of heads fixed (the ``'h'`` axis)."""
+        in_shape = tuple(self.program.avals[op.ins[0]].shape)
+        roles = v.roles
+        if "h" not in roles and "w" in roles:
+            i = roles.index("w")
+            if (len(out_shape) == len(in_shape) + 1 and out_shape[:i] == in_shape[:i]
+                    and out_shape[i + 2:] == in_shape[i + 1:] and min(out_shape[i], out_shape[i + 1]) > 1):
+                return Field(v.terms, roles[:i] + ("h", "w") + roles[i + 1:], out_shape[i + 1], v.spatial)
+        if "h" in roles:
+            i = min(roles.index("h"), roles.index("w"))
+            if (abs(roles.index("h") - roles.index("w")) == 1 and len(out_shape) == len(in_shape) - 1
+                    and out_shape[:i] == in_shape[:i] and out_shape[i + 1:] == in_shape[i + 2:]):
+                width = in_shape[i] * in_shape[i + 1]
+                return Field(v.terms, roles[:i] + ("w",) + roles[i + 2:], width, v.spatial)
+        return None
 
     def _roles_after(self, op: Op, roles: tuple, out_shape: tuple) -> tuple:
         """Roles after a reshape / broadcast that only adds or removes axes of size one (or broadcasts them)."""
