@@ -353,6 +353,27 @@ def test_flax_wide_resnet_blocks_equal_the_stax_wide_resnet():
         stax.Relu(), stax.AvgPool((2, 2), (2, 2), padding="SAME"), stax.Flatten(), stax.Dense(1, b_std=0.0))
     _assert_same(kernel_fn, stax_kernel_fn, x1=IM1, x2=IM2)
 
+    # the same network in Flax NNX
+    nnx = pytest.importorskip("flax.nnx", reason="the NNX spelling needs flax >= 0.10")
+
+    class NnxWRN(nnx.Module):
+        def __init__(self, rngs):
+            conv = functools.partial(nnx.Conv, kernel_size=(3, 3), rngs=rngs)
+            self.stem, self.a1, self.a2 = conv(2, 4), conv(4, 4), conv(4, 4)
+            self.b1, self.b2, self.short = conv(4, 6, strides=(2, 2)), conv(6, 6), conv(4, 6, strides=(2, 2))
+            self.out = nnx.Linear(6 * 2 * 2, 1, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.stem(x)
+            x = x + self.a2(nnx.relu(self.a1(nnx.relu(x))))
+            x = self.b2(nnx.relu(self.b1(nnx.relu(x)))) + self.short(x)
+            x = nnx.avg_pool(nnx.relu(x), (2, 2), strides=(2, 2), padding="SAME")
+            return self.out(x.reshape((x.shape[0], -1)))
+
+    graphdef, state = nnx.split(NnxWRN(nnx.Rngs(0)))
+    _, _, kernel_fn = traced.infinite_width(lambda st, x: nnx.merge(graphdef, st)(x), state)
+    _assert_same(kernel_fn, stax_kernel_fn, x1=IM1, x2=IM2)
+
 
 def test_wide_resnet_block_in_equinox_and_plain_jax_equals_stax():
     """A convolution, then a WideResNet block with a strided convolution in the shortcut, in Equinox (channels
@@ -667,6 +688,40 @@ def test_multi_head_attention_in_plain_jax_equals_stax(heads, order):
                                                  W_query_std=QK, W_value_std=SV, W_out_std=SO),
         stax.Relu(), stax.GlobalAvgPool(), stax.Dense(1))
     _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+
+
+def _linear_scaled_attention(query, key, value, **_):
+    """Flax's ``attention_fn`` hook with scores divided by the width per head (1 / n_key scaling)."""
+    scores = jnp.einsum("...qhd,...khd->...hqk", query, key) / query.shape[-1]
+    return jnp.einsum("...hqk,...khd->...qhd", jax.nn.softmax(scores, axis=-1), value)
+
+
+def test_flax_multi_head_attention_module():
+    """``nn.MultiHeadDotProductAttention`` (DenseGeneral kernels (features, heads, width) into the heads and
+    (heads, width, features) out of them). With the linear-scaled ``attention_fn`` its queries and keys are
+    independent, so their scores vanish in the limit and every position is weighted alike: stax's attention with a
+    vanishing query scale. Flax's default 1 / sqrt(width) scores are refused."""
+
+    def net(attention_fn=None):
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                h = nn.Dense(16, use_bias=False)(x)
+                kw = {} if attention_fn is None else {"attention_fn": attention_fn}
+                h = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=16, out_features=16, use_bias=False,
+                                                    **kw)(h)
+                return nn.Dense(1, use_bias=False)(jnp.mean(jax.nn.relu(h), axis=1))
+        return Net()
+
+    model = net(_linear_scaled_attention)
+    params = model.init(jax.random.PRNGKey(0), SEQ_A)
+    _, _, kernel_fn = traced.infinite_width(model.apply, params)
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Dense(16), stax.GlobalSelfAttention(16, 8, 8, 2, linear_scaling=True, W_query_std=1e-30),
+        stax.Relu(), stax.GlobalAvgPool(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+    with pytest.raises(traced.TracedError, match="grow without bound"):
+        traced.infinite_width(net().apply, params, example_input=SEQ_A)
 
 
 def test_a_projection_applied_per_head_is_refused():

@@ -310,17 +310,26 @@ class Interpreter:
                 raise refuse(op, "an activation is multiplied by a fixed matrix; mark the matrix as a random "
                                  "weight (priors={...: Weight()}) or compute it from the input alone")
             raise refuse(op, f"unsupported operands {type(a).__name__} and {type(b).__name__}")
-        if len(lc) != 1 or a.roles[lc[0]] not in ("w", "f") or len(b.shape) != 2 or len(rc) != 1:
+        # Flax's DenseGeneral into and out of attention heads: a (features, heads, width) kernel splits the width
+        # into heads; a (heads, width, features) kernel contracted over both axes merges them
+        into_heads = (not weight_left and len(lc) == len(rc) == 1 and rc[0] == 0 and len(b.shape) == 3
+                      and a.roles[lc[0]] in ("w", "f") and "h" not in a.roles)
+        from_heads = (not weight_left and len(lc) == len(rc) == 2 and sorted(rc) == [0, 1] and len(b.shape) == 3
+                      and sorted(a.roles[i] for i in lc) == ["h", "w"])
+        if not (into_heads or from_heads) and (len(lc) != 1 or a.roles[lc[0]] not in ("w", "f")
+                                               or len(b.shape) != 2 or len(rc) != 1):
             raise refuse(op, f"the contraction {op.params['dimension_numbers']} is not a dense layer over the "
                              f"feature axis (batch, ..., features) @ (features, width)")
-        fan_in = b.shape[rc[0]]
-        n_out = b.shape[1 - rc[0]]
+        fan_in = math.prod(b.shape[i] for i in rc)
+        n_out = b.shape[-1] if into_heads or from_heads else b.shape[1 - rc[0]]
         prior, W_std = self._weight(op, b, fan_in, "a weight", rc[0])
         layer = stax.Dense(n_out, W_std=W_std, parameterization=prior.parameterization)
-        free = tuple(r for i, r in enumerate(a.roles) if i != lc[0])
+        free = tuple(r for i, r in enumerate(a.roles) if i not in lc)
+        if into_heads:
+            free = free + ("h",)
         if "b" not in free:
             raise refuse(op, f"activations with axes {a.roles} enter a weight without their batch axis")
-        if "h" in free:
+        if "h" in a.roles and not from_heads:
             raise refuse(op, "one weight applied to each attention head's part of the width separately; merge "
                              "the heads (reshape to (..., heads * width)) before the projection")
         term = Affine((b.leaf, b.view, rc[0]), a, layer)
