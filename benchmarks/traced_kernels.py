@@ -45,6 +45,8 @@ CASES = {
     "cnn_flatten": ("CNN-3 ReLU + Flatten, 200 8x8x3 images (diagonal spatial)", (200, 8, 8, 3)),
     "attention": ("self-attention block (softmax, residual) + ReLU + Flatten, 200 sequences of 16 x 8",
                   (200, 16, 8)),
+    "attention_4heads": ("4-head self-attention block (heads split by a reshape) + ReLU + Flatten, 200 sequences "
+                         "of 16 x 8", (200, 16, 8)),
     "wrn": ("WideResNet, 2 blocks + avg pool + Flatten, 64 8x8x3 images (all position pairs)", (64, 8, 8, 3)),
 }
 
@@ -144,11 +146,31 @@ def _networks(case: str):
         stax_net = stax.serial(stax.Dense(width, **dense), stax.FanOut(2),
                                stax.parallel(stax.Identity(), attention), stax.FanInSum(), stax.Relu(),
                                stax.Flatten(), stax.Dense(1, **dense))
+    elif case == "attention_4heads":
+        heads = 4
+
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                x = nn.Dense(width)(x)
+                split = x.shape[:2] + (heads, width // heads)
+                k = nn.Dense(width, use_bias=False)(x).reshape(split)
+                v = nn.Dense(width, use_bias=False)(x).reshape(split)
+                a = jax.nn.softmax(jnp.einsum("bthd,bshd->bhts", 0.5 * k, k) / (width // heads), axis=-1)
+                o = jnp.einsum("bhts,bshd->bthd", a, v).reshape(x.shape)
+                x = nn.relu(x + nn.Dense(width)(o))
+                return nn.Dense(1)(x.reshape((x.shape[0], -1)))
+
+        attention = stax.GlobalSelfAttention(width, width // heads, width // heads, heads, linear_scaling=True,
+                                             W_query_std=0.5, b_std=0.05)
+        stax_net = stax.serial(stax.Dense(width, **dense), stax.FanOut(2),
+                               stax.parallel(stax.Identity(), attention), stax.FanInSum(), stax.Relu(),
+                               stax.Flatten(), stax.Dense(1, **dense))
     else:
         raise ValueError(f"unknown case {case!r}; cases: {sorted(CASES)}")
     model = Net()
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((2,) + tuple(CASES[case][1][1:])))
-    if case in ("cnn_flatten", "wrn", "attention"):
+    if case in ("cnn_flatten", "wrn", "attention", "attention_4heads"):
         bias = {"params/*/bias": traced.Bias(0.05)}
     _, _, traced_kfn = traced.infinite_width(model.apply, params, priors=bias)
     return stax_net[2], traced_kfn

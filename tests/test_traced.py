@@ -690,6 +690,31 @@ def test_multi_head_attention_in_plain_jax_equals_stax(heads, order):
     _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
 
 
+@pytest.mark.parametrize("val_pos_emb", [True, False])
+def test_learned_positional_embeddings_equal_stax_sum_embeddings(val_pos_emb):
+    """A random (positions, width) leaf added before the key projection (and the value projection when
+    ``val_pos_emb``): independent draws per position, stax's 'SUM' embeddings with no decay, NNGP and NTK."""
+
+    def net(p, x):
+        h = x @ p["W0"] / 2.0
+        e = h + p["pos"][None]  # positional embedding
+        k = e @ p["Wk"] / jnp.sqrt(16.0)
+        v = SV * ((e if val_pos_emb else h) @ p["Wv"]) / jnp.sqrt(16.0)
+        a = jax.nn.softmax(jnp.einsum("btd,bsd->bts", QK * k, k) / k.shape[-1], axis=-1)
+        o = SO * jnp.einsum("bts,bsd->btd", a, v) @ p["Wo"] / 4.0
+        return jnp.mean(jax.nn.relu(o), axis=1) @ p["W1"] / 4.0
+
+    params = {"W0": jnp.zeros((4, 16)), "pos": jnp.zeros((5, 16)), "Wk": jnp.zeros((16, 16)),
+              "Wv": jnp.zeros((16, 16)), "Wo": jnp.zeros((16, 16)), "W1": jnp.zeros((16, 1))}
+    priors = {"W*": traced.Weight(1.0, init="unit"), "pos": traced.Bias(0.8)}
+    _, _, kernel_fn = traced.infinite_width(net, params, priors=priors)
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Dense(16), _stax_attention(W_query_std=QK, W_value_std=SV, W_out_std=SO, pos_emb_type="SUM",
+                                        W_pos_emb_std=0.8, val_pos_emb=val_pos_emb),
+        stax.Relu(), stax.GlobalAvgPool(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+
+
 def _linear_scaled_attention(query, key, value, **_):
     """Flax's ``attention_fn`` hook with scores divided by the width per head (1 / n_key scaling)."""
     scores = jnp.einsum("...qhd,...khd->...hqk", query, key) / query.shape[-1]

@@ -594,13 +594,19 @@ class Interpreter:
         width = f.width
         leaf_shape = tuple(self.program.avals[self.program.params_vars[p.leaf]].shape)
         w_axis = f.roles.index("w") if "w" in f.roles else -1
-        aligned = len(p.shape) in (0, len(f.roles)) and p.carrying() in ((), (w_axis,))
-        if math.prod(leaf_shape) != width or not aligned or (width > 1 and p.carrying() != (w_axis,)):
+        # a positional embedding: the leaf also runs along spatial axes (one entry per unit and position)
+        positional = tuple(sorted(int(f.roles[a][1:]) for a in p.carrying()
+                                  if a < len(f.roles) and f.roles[a].startswith("s")))
+        per_width = tuple(a for a in p.carrying() if not (a < len(f.roles) and f.roles[a].startswith("s")))
+        entries = width * math.prod(f.spatial[i] for i in positional)
+        aligned = len(p.shape) in (0, len(f.roles)) and per_width in ((), (w_axis,))
+        if math.prod(leaf_shape) != entries or not aligned or (width > 1 and per_width != (w_axis,)):
             raise refuse(op, f"a bias of shape {leaf_shape} (seen as {p.shape}) added to activations of width "
-                             f"{width} with axes {f.roles}; a bias holds one entry per unit of the width")
+                             f"{width} with axes {f.roles}; a bias holds one entry per unit of the width (a "
+                             f"positional embedding one per unit and position)")
         var = prior.b_std**2 * p.scale**2
         ntk = var if prior.parameterization == "ntk" else p.scale**2
-        return f.like(((BiasTerm((p.leaf, p.view), var, ntk), sign),))
+        return f.like(((BiasTerm((p.leaf, p.view), var, ntk, positional), sign),))
 
     def _param_op(self, op: Op, ins):
         """Views of a random leaf: rescaling, negation, conversion."""

@@ -75,6 +75,18 @@ class Moments:
             None if self.x2_is_x1 else jnp.full((self.n2,) + pos, nngp_value, self.dtype),
             width, gaussian, spatial)
 
+    def _per_position(self, k: Kernel, axes: tuple, spatial: tuple) -> Kernel:
+        """``k`` with the covariance between two different positions along ``axes`` set to zero (independent
+        draws per position: a positional embedding). A kernel of same-position covariances is unchanged."""
+        if not self.k0.full:
+            return k
+        mask = jnp.ones((), self.dtype)
+        for a, size in enumerate(spatial):
+            eye = jnp.eye(size, dtype=self.dtype) if a in axes else jnp.ones((size, size), self.dtype)
+            mask = jnp.multiply.outer(mask, eye)
+        return k.replace(nngp=k.nngp * mask[None, None], ntk=None if k.ntk is None else k.ntk * mask[None, None],
+                         cov1=k.cov1 * mask[None], cov2=None if k.cov2 is None else k.cov2 * mask[None])
+
     def _kernel(self, nngp, ntk, cov1, cov2, width, gaussian, spatial: tuple = ()) -> Kernel:
         return self.k0.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2,
                                shape1=(self.k0.shape1[0],) + tuple(spatial) + (width,),
@@ -152,7 +164,10 @@ class Moments:
         if isinstance(t, Mapped) or isinstance(u, Mapped):
             return self._mapped(t, u)
         if isinstance(t, BiasTerm) and isinstance(u, BiasTerm):
-            return self.constant(t.variance, t.ntk, 1, True, spatial) if t.leaf == u.leaf else None
+            if t.leaf != u.leaf:
+                return None
+            k = self.constant(t.variance, t.ntk, 1, True, spatial)
+            return self._per_position(k, t.positional, spatial) if t.positional else k
         if isinstance(t, Ones) and isinstance(u, Ones):
             return self.constant(1.0, 0.0, 1, False, spatial)
         if isinstance(t, Nonlin) and isinstance(u, Nonlin):

@@ -102,9 +102,13 @@ class Affine(Term):
 
 @dataclasses.dataclass(eq=False)
 class BiasTerm(Term):
+    """A bias; with ``positional`` (spatial axes, canonical order) a positional embedding: one independent draw per
+    position along those axes (covariance zero between two positions), shared along the others."""
+
     leaf: tuple
     variance: float
     ntk: float  # what the bias adds to the NTK
+    positional: tuple = ()
     gaussian = True
 
 
