@@ -715,6 +715,45 @@ def test_learned_positional_embeddings_equal_stax_sum_embeddings(val_pos_emb):
     _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
 
 
+def test_attention_over_an_image_flattened_to_a_sequence_and_folded_back():
+    """A convolution, the image's positions reshaped into one sequence, softmax attention over all of them, the
+    sequence folded back into the image and convolved again: stax's GlobalSelfAttention over every position of the
+    image (the reshapes relabel the kernel's position pairs), NNGP and NTK."""
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def net(p, x):
+        h = jax.lax.conv_general_dilated(x, p["c0"], (1, 1), "SAME", dimension_numbers=dn) / np.sqrt(18.0)
+        b, rows, cols, c = h.shape
+        s = h.reshape(b, rows * cols, c)  # positions as one sequence
+        k = s @ p["Wk"] / 4.0
+        v = SV * (s @ p["Wv"]) / 4.0
+        a = jax.nn.softmax(jnp.einsum("btd,bsd->bts", QK * k, k) / 16, axis=-1)
+        o = (SO * jnp.einsum("bts,bsd->btd", a, v) @ p["Wo"] / 4.0).reshape(b, rows, cols, c)
+        o = jax.lax.conv_general_dilated(jax.nn.relu(o), p["c1"], (1, 1), "SAME", dimension_numbers=dn) / 12.0
+        return jnp.mean(jax.nn.relu(o), axis=(1, 2)) @ p["out"] / 4.0
+
+    params = {"c0": jnp.zeros((3, 3, 2, 16)), "Wk": jnp.zeros((16, 16)), "Wv": jnp.zeros((16, 16)),
+              "Wo": jnp.zeros((16, 16)), "c1": jnp.zeros((3, 3, 16, 16)), "out": jnp.zeros((16, 1))}
+    _, _, kernel_fn = traced.infinite_width(net, params, priors={"*": traced.Weight(1.0, init="unit")})
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Conv(16, (3, 3), padding="SAME"), _stax_attention(W_query_std=QK, W_value_std=SV, W_out_std=SO),
+        stax.Relu(), stax.Conv(16, (3, 3), padding="SAME"), stax.Relu(), stax.GlobalAvgPool(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=IM1, x2=IM2)
+
+
+def test_attention_scores_over_two_position_axes_are_refused():
+    def two_axes(p, x):
+        h = x @ p["W0"]
+        scores = jnp.einsum("bijd,bkld->bijkl", h, h) / 16  # rows and columns
+        a = jax.nn.softmax(scores.reshape(scores.shape[:3] + (-1,)), axis=-1)
+        return jnp.mean(jnp.einsum("bijs,bsd->bijd", a, h.reshape(h.shape[0], -1, 16)), axis=(1, 2)) @ p["W1"]
+
+    params = {"W0": jnp.ones((2, 16)), "W1": jnp.ones((16, 1))}
+    with pytest.raises(traced.TracedError, match="one\nposition axis|one position axis|flatten the positions") as e:
+        traced.infinite_width(two_axes, params, priors={"*": traced.Weight(1.0)}, example_input=IM1)
+    assert f"test_traced.py:{_line_of(two_axes, '# rows and columns')}" in str(e.value)
+
+
 def _linear_scaled_attention(query, key, value, **_):
     """Flax's ``attention_fn`` hook with scores divided by the width per head (1 / n_key scaling)."""
     scores = jnp.einsum("...qhd,...khd->...hqk", query, key) / query.shape[-1]

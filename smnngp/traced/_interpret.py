@@ -17,6 +17,7 @@ from jax import lax
 from smnngp import stax
 from smnngp.traced._errors import TracedError
 from smnngp.traced._moments import Moments
+from smnngp.traced._positions import Reposition
 from smnngp.traced._priors import Bias, Weight
 from smnngp.traced._program import Op, Program
 from smnngp.traced._values import (
@@ -653,6 +654,9 @@ class Interpreter:
                     and set(v.roles[1:]) == {"w"} | {f"s{i}" for i in range(len(v.spatial))}):
                 # flattening (batch, spatial..., width) in any order of the non-batch axes
                 return self._mapped(op, v, stax.Flatten(), ("b", "w"), int(out_shape[1]), "flatten", ())
+            moved = self._reposition(op, v, in_shape, out_shape)
+            if moved is not None:
+                return moved
         if isinstance(v, Field) and op.name == "reshape":
             heads = self._heads_reshape(op, v, out_shape)
             if heads is not None:
@@ -666,6 +670,23 @@ class Interpreter:
                 return v.like(v.terms, roles)
             return FieldProduct(v.left, v.right, roles, v.width, v.spatial)
         raise refuse(op, f"a reshape of {type(v).__name__}")
+
+    def _reposition(self, op: Op, v: Field, in_shape: tuple, out_shape: tuple) -> Field | None:
+        """The block of spatial axes (contiguous, in canonical order) reshaped, the other axes kept: an image's
+        positions flattened into a sequence (for attention) or a sequence folded back into an image."""
+        d = len(v.spatial)
+        axes = [a for a, r in enumerate(v.roles) if r.startswith("s")]
+        if [v.roles[a] for a in axes] != [f"s{i}" for i in range(d)] or axes != list(range(axes[0], axes[0] + d)):
+            return None
+        pre, post = in_shape[:axes[0]], in_shape[axes[0] + d:]
+        n = len(out_shape) - len(pre) - len(post)
+        if n < 1 or tuple(out_shape[:len(pre)]) != pre or tuple(out_shape[len(pre) + n:]) != post:
+            return None
+        after = tuple(int(s) for s in out_shape[len(pre):len(pre) + n])
+        if after == tuple(v.spatial):
+            return None
+        roles = v.roles[:axes[0]] + tuple(f"s{i}" for i in range(n)) + v.roles[axes[0] + d:]
+        return self._mapped(op, v, Reposition(v.spatial, after), roles, v.width, "reposition", (v.spatial, after))
 
     def _heads_reshape(self, op: Op, v: Field, out_shape: tuple) -> Field | None:
         """Attention heads: the width split into (heads, width per head), or the two merged back. The coordinates
