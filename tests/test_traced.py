@@ -749,7 +749,7 @@ def test_attention_scores_over_two_position_axes_are_refused():
         return jnp.mean(jnp.einsum("bijs,bsd->bijd", a, h.reshape(h.shape[0], -1, 16)), axis=(1, 2)) @ p["W1"]
 
     params = {"W0": jnp.ones((2, 16)), "W1": jnp.ones((16, 1))}
-    with pytest.raises(traced.TracedError, match="one\nposition axis|one position axis|flatten the positions") as e:
+    with pytest.raises(traced.TracedError, match="flatten the positions") as e:
         traced.infinite_width(two_axes, params, priors={"*": traced.Weight(1.0)}, example_input=IM1)
     assert f"test_traced.py:{_line_of(two_axes, '# rows and columns')}" in str(e.value)
 
