@@ -9,6 +9,7 @@ Each experiment module exposes ``DESCRIPTION`` (one line), ``add_arguments(parse
 EXPERIMENTS = {
     "quickstart": "experiments.quickstart",
     "convergence": "experiments.convergence",
+    "traced-convergence": "experiments.traced_convergence",
     "theory": "experiments.theory",
     "uci-regression": "experiments.uci_regression",
     "mbnn-polynomial": "experiments.mbnn_polynomial",

@@ -655,6 +655,30 @@ def test_sqrt_scaled_attention_is_refused():
     assert f"test_traced.py:{_line_of(sqrt_scaled, '# 1/sqrt(d)')}" in str(err.value)
 
 
+@pytest.mark.parametrize("scale", [lambda s, d: QK * s / d, lambda s, d: s / jnp.sqrt(d) * QK / jnp.sqrt(d),
+                                   lambda s, d: 0.25 * s / d * (4 * QK)])  # 0.25 = 1/sqrt(16), a constant here
+def test_constant_factors_on_scores_before_or_around_the_division_by_the_width(scale):
+    """``QK * (q . k) / d``, ``(q . k) / sqrt(d) * QK / sqrt(d)``, ``0.25 * (q . k) / d * 4 QK``: constants may
+    come before the division by the width (they are held until it comes), two 1/sqrt(d) factors make the
+    division, and a constant that equals 1/sqrt(d) by chance is read either way."""
+
+    def net(p, x):
+        h = x @ p["W0"] / 2.0
+        k = h @ p["Wk"] / 4.0
+        v = SV * (h @ p["Wv"]) / 4.0
+        a = jax.nn.softmax(scale(jnp.einsum("btd,bsd->bts", k, k), 16.0), axis=-1)
+        o = SO * jnp.einsum("bts,bsd->btd", a, v) @ p["Wo"] / 4.0
+        return jnp.mean(jax.nn.relu(o), axis=1) @ p["W1"] / 4.0
+
+    params = {"W0": jnp.zeros((4, 16)), "Wk": jnp.zeros((16, 16)), "Wv": jnp.zeros((16, 16)),
+              "Wo": jnp.zeros((16, 16)), "W1": jnp.zeros((16, 1))}
+    _, _, kernel_fn = traced.infinite_width(net, params, priors={"W*": traced.Weight(1.0, init="unit")})
+    _, _, stax_kernel_fn = stax.serial(
+        stax.Dense(16), _stax_attention(W_query_std=QK, W_value_std=SV, W_out_std=SO), stax.Relu(),
+        stax.GlobalAvgPool(), stax.Dense(1))
+    _assert_same(kernel_fn, stax_kernel_fn, x1=SEQ_A, x2=SEQ_B)
+
+
 def _multi_head(p, x, heads=2, order="bthd"):
     """Softmax attention with ``heads`` heads (the width split by a reshape, scores per head divided by the width
     per head), the heads merged back before the output projection; ``order`` the layout of the per-head arrays."""

@@ -425,14 +425,17 @@ class Interpreter:
             return p
         out_shape = tuple(self.program.avals[op.outs[0]].shape)
         if name in ("div", "mul") and p.power:
-            _check_mean(op, ins, p, "attention scores summed over the width are combined with another value before "
-                                    "they are divided by the width",
-                        "attention scores summed over a width of {width} scaled by {factor}: they grow without "
-                        "bound with the width (1 / sqrt(n_key) scaling has Gaussian scores and no closed form "
-                        "here); divide by the width (1 / n_key scaling)")
-            return PerPos(p.v1, p.v2, p.roles)
-        if any(v.power for v in pps):
-            raise refuse(op, "attention scores summed over the width but not divided by it grow without bound")
+            mean, scalings, factor = _scale_sum(op, ins, p, "attention scores summed over the width are combined "
+                                                            "with another value before they are divided by the width")
+            if mean:
+                return PerPos(_scaled_values(p.v1, factor), _scaled_values(p.v2, factor), p.roles)
+            return PerPos(p.v1, p.v2, p.roles, 1, p.power_width, scalings)
+        for v in pps:
+            if v.power:
+                raise refuse(op, f"attention scores summed over a width of {v.power_width}{_width_scaling(v)}, "
+                                 f"never divided by "
+                                 f"the width: they grow without bound with the width (1 / sqrt(n_key) scaling has "
+                                 f"Gaussian scores and no closed form here); divide by the width (1 / n_key scaling)")
 
         def values(which):
             return [v.v1 if which == 1 or v.v2 is None else v.v2 for v in pps]
@@ -647,7 +650,7 @@ class Interpreter:
             roles = self._roles_after(op, v.roles, out_shape)
             if [r for r in roles if r not in ("1", "w")] != [r for r in non_unit if r != "w"]:
                 raise refuse(op, "a reshape mixes the batch axis of a per-example statistic")
-            return PerEx(v.v1, v.v2, roles, v.zero, v.power, v.power_width)
+            return PerEx(v.v1, v.v2, roles, v.zero, v.power, v.power_width, v.scalings)
         if isinstance(v, Field) and v.spatial and op.name == "reshape":
             in_shape = tuple(self.program.avals[op.ins[0]].shape)
             if (v.roles[0] == "b" and len(out_shape) == 2 and out_shape[0] == in_shape[0]
@@ -905,8 +908,8 @@ class Interpreter:
     # -- per-example statistics ----------------------------------------------------------------------------
     def _check_power(self, op: Op, p: PerEx):
         if p.power != 0:
-            raise refuse(op, "a sum over the width that is not divided by the width (as a mean is) grows without "
-                             "bound with the width; use a mean")
+            raise refuse(op, f"a sum over a width of {p.power_width}{_width_scaling(p)}, not divided by the width "
+                             f"(as a mean is), grows without bound with the width; use a mean")
 
     def _perex_op(self, op: Op, ins):
         perex = [v for v in ins if isinstance(v, PerEx)]
@@ -917,11 +920,11 @@ class Interpreter:
         # dividing (multiplying) a sum over the width by the width (its inverse) makes it a mean
         if name in ("div", "mul") and len(ins) == 2 and any(v.power for v in perex):
             p = perex[0]
-            _check_mean(op, ins, p, "a sum over the width combined with another statistic before it is divided by "
-                                    "the width",
-                        "a sum over a width of {width} scaled by {factor}, not divided by the width: it grows "
-                        "without bound with the width; use a mean")
-            return PerEx(p.v1, p.v2, roles, p.zero, 0)
+            mean, scalings, factor = _scale_sum(op, ins, p, "a sum over the width combined with another statistic "
+                                                            "before it is divided by the width")
+            if mean:
+                return PerEx(_scaled_values(p.v1, factor), _scaled_values(p.v2, factor), roles, p.zero, 0)
+            return PerEx(p.v1, p.v2, roles, p.zero, 1, p.power_width, scalings)
         for p in perex:
             self._check_power(op, p)
         consts = [None if isinstance(v, PerEx) else _uniform_scalar(v.value, op, "a constant") for v in ins]
@@ -944,16 +947,40 @@ class Interpreter:
         return PerEx(side(1), v2, roles, zero)
 
 
-def _check_mean(op: Op, ins, p, combined: str, grows: str) -> None:
-    """That ``op`` multiplies the sum over the width ``p`` by exactly one over the width (making it a mean);
-    else `TracedError` with ``combined`` (another value meets the sum) or ``grows`` (another factor)."""
+def _scale_sum(op: Op, ins, p, combined: str) -> tuple[bool, tuple, float]:
+    """A constant factor on the sum over the width ``p`` (``p.power == 1``): ``(mean, scalings, factor)``.
+
+    A factor may be a power of sqrt(width) (one over the width, one over its square root) or a plain constant
+    that happens to equal one; both readings are kept (``scalings``: pairs of the powers of sqrt(width) and the
+    other constants). Once a reading reaches one over the width the sum is a mean (``mean``), its values to be
+    multiplied by that reading's constants (``factor``): ``QK * s / d``, ``s / sqrt(d) * QK / sqrt(d)`` and
+    ``0.25 * s / 16`` at width 16 are all means. `TracedError` with ``combined`` when the other operand is not a
+    constant (or the sum is a denominator)."""
     other = ins[1] if ins[0] is p else ins[0]
     if not isinstance(other, Const) or (op.name == "div" and ins[1] is p):
         raise refuse(op, combined)
     c = _uniform_scalar(other.value, op, "a constant factor")
     factor = c if op.name == "mul" else 1.0 / c
-    if abs(factor * p.power_width - 1.0) > 1e-12:
-        raise refuse(op, grows.format(width=p.power_width, factor=factor))
+    root = math.sqrt(p.power_width)
+    powers = [h for h in (-2, -1, 1, 2) if abs(factor * root ** -h - 1.0) <= 1e-6]
+    readings = []
+    for halves, const in p.scalings:
+        readings += [(halves + h, const) for h in powers] + [(halves, const * factor)]
+    for halves, const in readings:
+        if halves == -2:
+            return True, (), const
+    return False, tuple(dict.fromkeys(readings))[:8], 1.0
+
+
+def _width_scaling(p) -> str:
+    """How a sum over the width was scaled, for messages."""
+    halves, const = p.scalings[0]
+    total = const * math.sqrt(p.power_width) ** halves
+    return "" if total == 1.0 else f" and scaled by {total:.6g}"
+
+
+def _scaled_values(v, factor: float):
+    return v if v is None or factor == 1.0 else v * factor
 
 
 class _AllPairs:
@@ -1000,7 +1027,8 @@ def _mul_coef(a, b):
 
 
 def _perex_apply(fn, p: PerEx) -> PerEx:
-    return PerEx(fn(p.v1), None if p.v2 is None else fn(p.v2), p.roles, p.zero, p.power, p.power_width)
+    return PerEx(fn(p.v1), None if p.v2 is None else fn(p.v2), p.roles, p.zero, p.power, p.power_width,
+                 p.scalings)
 
 
 def _perex_neg(p: PerEx) -> PerEx:

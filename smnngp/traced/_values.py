@@ -76,6 +76,9 @@ class PerEx:
     zero: bool = False
     power: int = 0
     power_width: int = 0  # the width summed over, while power is 1
+    # while power is 1, the readings of the constant factors applied so far: (powers of sqrt(width), the other
+    # constants); one reading reaching sqrt(width)^-2 makes the sum a mean
+    scalings: tuple = ((0, 1.0),)
 
 
 class Term:
@@ -157,6 +160,7 @@ class PerPos:
     roles: tuple
     power: int = 0
     power_width: int = 0
+    scalings: tuple = ((0, 1.0),)
 
 
 @dataclasses.dataclass(eq=False)
