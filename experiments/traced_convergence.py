@@ -6,7 +6,7 @@ pairing) and a softmax self-attention block. For each, networks drawn by the ret
 widths are compared with ``kernel_fn``: the empirical output covariance over many networks against the NNGP
 (its error should sit at the Monte-Carlo floor, entries within a few standard errors), and the empirical NTK of
 single networks against the NTK (its error should fall like ``1/sqrt(width)``, the fitted log-log slope near
--0.5).
+-0.5, until it meets the quadrature's own error: ``--quadrature-degree`` sets the nodes).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ def add_arguments(parser):
     parser.add_argument("--widths", default=None,
                         help="comma-separated widths (default 64,256,1024,4096; quick 16,128)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--quadrature-degree", type=int, default=32,
+                        help="Gauss-Hermite nodes per axis for activations without a closed form (default 32, the "
+                             "library's)")
 
 
 def _model(name: str, width: int):
@@ -114,7 +117,8 @@ def run(args) -> Report:
         label = None
         for wi, w in enumerate(widths):
             apply, params, priors, x, label = _model(name, w)
-            init_fn, apply_fn, kernel_fn = traced.infinite_width(apply, params, priors=priors)
+            init_fn, apply_fn, kernel_fn = traced.infinite_width(apply, params, priors=priors,
+                                                                 quadrature_degree=args.quadrature_degree)
             exact = kernel_fn(x, None, ("nngp", "ntk"))
             nngp, ntk = np.asarray(exact.nngp), np.asarray(exact.ntk)
             progress.note(f"{name}: width {w} ({wi + 1}/{len(widths)}), {draws} networks for the NNGP")
@@ -152,5 +156,7 @@ def run(args) -> Report:
             f"{last['ntk_mean_rel_frobenius']:.3f} at width {widths[-1]}; log-log slope against the width "
             f"{slope:.2f} (-0.5 is the Monte-Carlo rate 1/sqrt(width)).\n")
     devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
-    header = (f"Models written in plain JAX, kernels from `smnngp.traced.infinite_width`, float64, on {devices}.\n\n")
-    return Report(results=dict(widths=widths, models=results, device=devices), markdown=header + "\n".join(md))
+    header = (f"Models written in plain JAX, kernels from `smnngp.traced.infinite_width` (quadrature: "
+              f"{args.quadrature_degree} nodes per axis), float64, on {devices}.\n\n")
+    return Report(results=dict(widths=widths, models=results, device=devices,
+                               quadrature_degree=args.quadrature_degree), markdown=header + "\n".join(md))
