@@ -687,7 +687,11 @@ def _multi_head(p, x, heads=2, order="bthd"):
     h = x @ p["W0"] / 2.0
     k = (h @ p["Wk"] / jnp.sqrt(16.0)).reshape(split)
     v = SV * (h @ p["Wv"] / jnp.sqrt(16.0)).reshape(split)
-    if order == "bhtd":  # heads before positions
+    if order == "mean":  # the heads' weights averaged, then applied to the whole width
+        scores = jnp.einsum("bthd,bshd->bhts", QK * k, k) / k.shape[-1]
+        a = jnp.mean(jax.nn.softmax(scores, axis=-1), axis=1)
+        o = jnp.einsum("bts,bsd->btd", a, v.reshape(x.shape[:2] + (width,)))
+    elif order == "bhtd":  # heads before positions
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         scores = jnp.einsum("bhtd,bhsd->bhts", QK * k, k) / k.shape[-1]
         o = jnp.swapaxes(jnp.einsum("bhts,bhsd->bhtd", jax.nn.softmax(scores, axis=-1), v), 1, 2)
@@ -698,7 +702,7 @@ def _multi_head(p, x, heads=2, order="bthd"):
     return jnp.mean(jax.nn.relu(o), axis=1) @ p["W1"] / 4.0
 
 
-@pytest.mark.parametrize("heads, order", [(2, "bthd"), (4, "bhtd")])
+@pytest.mark.parametrize("heads, order", [(2, "bthd"), (4, "bhtd"), (4, "mean")])
 def test_multi_head_attention_in_plain_jax_equals_stax(heads, order):
     """Heads split off the width by a reshape: with the width per head taken to infinity and the number of heads
     fixed, every head's scores converge to the same values, so the kernel is stax's GlobalSelfAttention (whose

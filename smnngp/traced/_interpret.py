@@ -361,14 +361,9 @@ class Interpreter:
         else:
             v1, v2 = k.cov1, k.cov2
         roles = batch + ("s0", "k0")
-        if "h" in batch:  # every head has the same scores in the limit: the values repeated along the head axis
-            heads = int(self.program.avals[op.outs[0]].shape[batch.index("h")])
+        if "h" in batch:  # every head has the same scores in the limit: one head's values, a head axis of size one
             where = batch.index("h")
-
-            def per_head(v):
-                v = jnp.expand_dims(v, where)
-                return jnp.broadcast_to(v, v.shape[:where] + (heads,) + v.shape[where + 1:])
-            v1, v2 = per_head(v1), None if v2 is None else per_head(v2)
+            v1, v2 = jnp.expand_dims(v1, where), None if v2 is None else jnp.expand_dims(v2, where)
         return PerPos(v1, None if m.x2_is_x1 else v2, roles, power=1, power_width=a.width)
 
     def _attend(self, op: Op, a, b) -> Field:
@@ -456,6 +451,8 @@ class Interpreter:
                 key = "shape" if name == "broadcast_in_dim" else "new_sizes"
                 shape = list(params[key])
                 shape[b_out] = n
+                if "h" in roles:  # one head's values stand for all (size one along the head axis)
+                    shape[roles.index("h")] = 1
                 params[key] = tuple(shape)
             args = []
             for v in ins:
@@ -469,7 +466,10 @@ class Interpreter:
                 target = np.broadcast_shapes(*[jnp.shape(x) for x in arrays])
                 args = [jnp.broadcast_to(jnp.asarray(x, arrays[0].dtype) if isinstance(x, (bool, int, float))
                                          else x, target) for x in args]
-            return op.prim.bind(*args, **params)
+            out = op.prim.bind(*args, **params)
+            if name == "reduce_sum" and "h" in p.roles and p.roles.index("h") in op.params["axes"]:
+                out = out * self.program.avals[op.ins[0]].shape[p.roles.index("h")]  # a sum over equal heads
+            return out
 
         if name in ("reduce_max", "reduce_min", "reduce_sum"):
             axes = tuple(op.params["axes"])
