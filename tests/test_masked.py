@@ -526,8 +526,9 @@ def test_sample_fixed_seed_regression():
         env = dict(os.environ, SMNNGP_TEST_XLA_DEFAULT="1",
                    XLA_FLAGS=re.sub(r"--xla_backend_optimization_level=\S*", "", flags).strip())
         res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                              "-o", "addopts=", f"{__file__}::test_sample_fixed_seed_regression"], env=env, capture_output=True,
-                             text=True, timeout=900, cwd=os.path.dirname(os.path.dirname(__file__)))
+                              "-o", "addopts=", f"{__file__}::test_sample_fixed_seed_regression"], env=env,
+                             capture_output=True, text=True, timeout=900,
+                             cwd=os.path.dirname(os.path.dirname(__file__)))
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
         return
     _check_sample_regression()
