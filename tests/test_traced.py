@@ -104,6 +104,49 @@ def test_flax_nnx_mlp_equals_stax():
     _assert_same(kernel_fn, stax_kernel_fn)
 
 
+@pytest.mark.parametrize("name", ["relu", "erf", "gelu"])
+def test_mlps_in_nnx_equinox_and_plain_jax_equal_stax(name):
+    """The MLP of each activation (ReLU, erf, exact GELU) in plain JAX, Flax NNX and Equinox."""
+    act = {"relu": jax.nn.relu, "erf": jax.scipy.special.erf,
+           "gelu": lambda x: jax.nn.gelu(x, approximate=False)}[name]
+    layer = {"relu": stax.Relu(), "erf": stax.Erf(), "gelu": stax.Gelu()}[name]
+
+    def plain(p, x):
+        h = act(x @ p["W0"] + p["b0"][None, :])
+        h = act(h @ p["W1"] + p["b1"][None, :])
+        return h @ p["W2"] + p["b2"][None, :]
+
+    params = {"W0": jnp.zeros((4, 16)), "b0": jnp.zeros((16,)), "W1": jnp.zeros((16, 16)), "b1": jnp.zeros((16,)),
+              "W2": jnp.zeros((16, 1)), "b2": jnp.zeros((1,))}
+    _, _, kernel_fn = traced.infinite_width(plain, params, priors={"W*": traced.Weight(1.0), "b*": traced.Bias(0.1)})
+    _, _, stax_kernel_fn = stax.serial(stax.Dense(16, b_std=0.1), layer, stax.Dense(16, b_std=0.1), layer,
+                                       stax.Dense(1, b_std=0.1))
+    _assert_same(kernel_fn, stax_kernel_fn)
+    assert {how for _, how in kernel_fn.activations(X1.shape)} == {layer.name}
+
+    nnx = pytest.importorskip("flax.nnx", reason="the NNX spelling needs flax >= 0.10")
+
+    class NnxMLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1, self.l2, self.out = nnx.Linear(4, 16, rngs=rngs), nnx.Linear(16, 16, rngs=rngs), \
+                nnx.Linear(16, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(act(self.l2(act(self.l1(x)))))
+
+    graphdef, state = nnx.split(NnxMLP(nnx.Rngs(0)))
+    _, _, kernel_fn = traced.infinite_width(lambda st, x: nnx.merge(graphdef, st)(x), state,
+                                            priors={"*bias": traced.Bias(0.1)})
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+    eqx = pytest.importorskip("equinox", reason="the Equinox spelling needs equinox (pip install -e '.[traced]')")
+    model = eqx.nn.MLP(4, 1, 16, 2, activation=act, key=jax.random.PRNGKey(0))
+    eparams, static = eqx.partition(model, eqx.is_array)
+    _, _, kernel_fn = traced.infinite_width(lambda p, x: jax.vmap(eqx.combine(p, static))(x), eparams,
+                                            priors={"*weight": traced.Weight(1.0), "*bias": traced.Bias(0.1)})
+    _assert_same(kernel_fn, stax_kernel_fn)
+
+
 def test_plain_jax_ntk_style_with_biases_and_tanh_takes_quadrature():
     def apply(params, x):
         for W, b in params[:-1]:
@@ -427,6 +470,71 @@ def test_wide_resnet_block_in_equinox_and_plain_jax_equals_stax():
               "short": jnp.zeros((3, 3, 4, 4)), "out": jnp.zeros((4, 1))}
     _, _, kernel_fn = traced.infinite_width(plain, params, priors={"*": traced.Weight(1.0, init="unit")})
     _assert_same(kernel_fn, stax_block(1.0), x1=IM1, x2=IM2)
+
+
+IM5A = jax.random.normal(jax.random.PRNGKey(14), (3, 5, 5, 2))  # odd sizes: 'SAME' with stride 2 is centred
+IM5B = jax.random.normal(jax.random.PRNGKey(15), (2, 5, 5, 2))
+_DN = ("NHWC", "HWIO", "NHWC")
+
+
+def _scaled_conv(x, w, strides=(1, 1), padding="SAME"):
+    return jax.lax.conv_general_dilated(x, w, strides, padding, dimension_numbers=_DN) / np.sqrt(
+        w.shape[0] * w.shape[1] * w.shape[2])
+
+
+def test_padding_slicing_and_reversing_positions_are_the_stax_convolutions():
+    """``jnp.pad`` by one then a 'VALID' convolution is the 'SAME' convolution; a stride-1 'SAME' convolution
+    sliced ``[:, ::2, ::2]`` is the stride-2 one (odd sizes); flipping an activation's rows before a random
+    convolution and a global mean changes nothing in the limit. Each equals the stax network, NNGP and NTK."""
+    params = {"c0": jnp.zeros((3, 3, 2, 8)), "c1": jnp.zeros((3, 3, 8, 8)), "out": jnp.zeros((8, 1))}
+    priors = {"*": traced.Weight(1.0, init="unit")}
+
+    def padded(p, x):
+        h = jax.nn.relu(_scaled_conv(x, p["c0"]))
+        h = jnp.pad(h, ((0, 0), (1, 1), (1, 1), (0, 0)))  # explicit padding
+        h = jnp.flip(jax.nn.relu(_scaled_conv(h, p["c1"], padding="VALID")), axis=1)
+        return jnp.mean(h, axis=(1, 2)) @ p["out"] / np.sqrt(8.0)
+
+    def sliced(p, x):
+        h = jax.nn.relu(_scaled_conv(x, p["c0"]))
+        h = jax.nn.relu(_scaled_conv(h, p["c1"])[:, ::2, ::2])  # subsampled
+        return jnp.mean(h, axis=(1, 2)) @ p["out"] / np.sqrt(8.0)
+
+    for net, strides in ((padded, (1, 1)), (sliced, (2, 2))):
+        _, _, kernel_fn = traced.infinite_width(net, params, priors=priors)
+        _, _, stax_kernel_fn = stax.serial(stax.Conv(8, (3, 3), padding="SAME"), stax.Relu(),
+                                           stax.Conv(8, (3, 3), strides, padding="SAME"), stax.Relu(),
+                                           stax.GlobalAvgPool(), stax.Dense(1))
+        _assert_same(kernel_fn, stax_kernel_fn, x1=IM5A, x2=IM5B)
+
+
+def test_a_class_token_concatenated_in_front_of_a_sequence():
+    """A random token (one draw per unit) put before a sequence's positions, then a mean over the positions:
+    the pooled kernel is (token variance + the sum of the sequence's kernel over position pairs) / (L + 1)^2,
+    the latter from stax's GlobalSumPool. A slice along the width is refused with its line."""
+
+    def with_token(p, x):
+        h = jax.nn.relu(x @ p["W0"] / 2.0)
+        token = jnp.broadcast_to(p["cls"], (x.shape[0], 1, 16))
+        h = jnp.concatenate([token, h], axis=1)  # class token in front
+        return jnp.mean(h, axis=1) @ p["W1"] / 4.0
+
+    params = {"W0": jnp.zeros((4, 16)), "cls": jnp.zeros((1, 1, 16)), "W1": jnp.zeros((16, 1))}
+    _, _, kernel_fn = traced.infinite_width(with_token, params, priors={"W*": traced.Weight(1.0, init="unit"),
+                                                                         "cls": traced.Bias(0.7)})
+    _, _, summed = stax.serial(stax.Dense(16), stax.Relu(), stax.GlobalSumPool(), stax.Dense(1))
+    positions = SEQ_A.shape[1] + 1
+    for second in (None, SEQ_B):
+        got = kernel_fn(SEQ_A, second, "nngp")
+        want = (0.7**2 + summed(SEQ_A, second, "nngp")) / positions**2
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+    def width_slice(p, x):
+        h = jax.nn.relu(x @ p["W0"])
+        return h[:, :8] @ p["W1"]  # half the units
+
+    _refused(width_slice, {"W0": jnp.ones((4, 16)), "W1": jnp.ones((8, 1))}, "along the width", "# half the units",
+             PRIORS)
 
 
 def test_an_image_entering_through_two_values_is_stacked():

@@ -17,7 +17,7 @@ from jax import lax
 from smnngp import stax
 from smnngp.traced._errors import TracedError
 from smnngp.traced._moments import Moments
-from smnngp.traced._positions import Reposition
+from smnngp.traced._positions import PositionMap, Reposition
 from smnngp.traced._priors import Bias, Weight
 from smnngp.traced._program import Op, Program
 from smnngp.traced._values import (
@@ -274,6 +274,10 @@ class Interpreter:
             return [self._reshape(op, ins[0])]
         if name == "transpose":
             return [self._transpose(op, ins[0])]
+        if name in ("slice", "pad", "rev"):
+            return [self._move_positions(op, ins)]
+        if name == "concatenate":
+            return [self._concatenate(op, ins)]
         if name in ("reduce_max", "reduce_min", "argmax", "argmin", "reduce_prod"):
             raise refuse(op, "a maximum, minimum or product over an axis has no Gaussian limit here")
         if name in ("reduce_window_max", "reduce_window_min", "reduce_window", "select_and_gather_add"):
@@ -690,6 +694,91 @@ class Interpreter:
             return None
         roles = v.roles[:axes[0]] + tuple(f"s{i}" for i in range(n)) + v.roles[axes[0] + d:]
         return self._mapped(op, v, Reposition(v.spatial, after), roles, v.width, "reposition", (v.spatial, after))
+
+    def _move_positions(self, op: Op, ins) -> Field:
+        """``slice`` (with strides), ``pad`` with zeros (negative: cropping; interior: zeros between positions) and
+        ``rev`` of an activation along its spatial axes: a `PositionMap` of the kernel."""
+        v = ins[0]
+        if not isinstance(v, Field):
+            raise refuse(op, f"{op.name} of {type(v).__name__} has no rule here")
+        prm = op.params
+        sources = [tuple(range(n)) for n in v.spatial]
+        for a, role in enumerate(v.roles):
+            n = int(self.program.avals[op.ins[0]].shape[a])
+            if op.name == "slice":
+                start, limit = int(prm["start_indices"][a]), int(prm["limit_indices"][a])
+                stride = 1 if prm["strides"] is None else int(prm["strides"][a])
+                src, moved = tuple(range(start, limit, stride)), (start, limit, stride) != (0, n, 1)
+            elif op.name == "pad":
+                lo, hi, interior = (int(c) for c in prm["padding_config"][a])
+                src = []
+                for i in range(n):
+                    src += [i] + ([-1] * interior if i < n - 1 else [])
+                src = ([-1] * max(lo, 0) + src[max(-lo, 0):])
+                src = src + [-1] * max(hi, 0) if hi >= 0 else src[:hi]
+                src, moved = tuple(src), (lo, hi, interior) != (0, 0, 0)
+            else:
+                src, moved = tuple(range(n - 1, -1, -1)), a in prm["dimensions"] and n > 1
+            if role.startswith("s"):
+                sources[int(role[1:])] = src
+            elif moved:
+                what = {"b": "the batch axis (examples)", "w": "the width (channels: a fused projection split, or "
+                        "part of the units)"}.get(role, f"an axis {role}")
+                raise refuse(op, f"{op.name} along {what} is not supported; along spatial axes it is")
+        if op.name == "pad":
+            fill = ins[1]
+            if not isinstance(fill, Const) or np.any(np.asarray(fill.value) != 0):
+                raise refuse(op, "padding an activation with a value other than zero")
+        return self._position_map(op, v, tuple(sources), (op.name, tuple(sources)))
+
+    def _position_map(self, op: Op, v: Field, sources: tuple, config) -> Field:
+        if sources == tuple(tuple(range(n)) for n in v.spatial):
+            return v
+        return self._mapped(op, v, PositionMap(sources), v.roles, v.width, "positions", config)
+
+    def _concatenate(self, op: Op, ins) -> Field:
+        """Concatenation along a spatial axis (sequences joined, a class token put in front): the sum of the parts,
+        each padded with zeros to the whole length. Parts must be independent of one another (a random token and
+        an activation, two independent branches); along the width it is refused."""
+        d = int(op.params["dimension"])
+        fields = [v for v in ins if isinstance(v, Field)]
+        if not fields:
+            raise refuse(op, "a concatenation of values that are not activations")
+        roles = fields[0].roles
+        if not roles[d].startswith("s"):
+            what = {"b": "the batch axis", "w": "the width (channels)"}.get(roles[d], f"axis {roles[d]}")
+            raise refuse(op, f"a concatenation along {what} is not supported yet; along a spatial axis it is")
+        axis = int(roles[d][1:])
+        sizes = [int(self.program.avals[i].shape[d]) for i in op.ins]
+        total, offset, parts = sum(sizes), 0, []
+        for v, size in zip(ins, sizes):
+            if isinstance(v, Param):
+                v = self._param_field(op, v, roles, fields[0])
+            elif isinstance(v, Const) and not np.any(np.asarray(v.value)):
+                offset += size
+                continue
+            elif not isinstance(v, Field) or v.roles != roles:
+                raise refuse(op, f"a concatenation of {type(v).__name__} with activations of axes {roles}")
+            sources = [tuple(range(n)) for n in v.spatial]
+            sources[axis] = tuple([-1] * offset + list(range(size)) + [-1] * (total - offset - size))
+            parts.append(self._position_map(op, v, tuple(sources), ("concatenate", offset, tuple(sources))))
+            offset += size
+        out = parts[0]
+        for part in parts[1:]:
+            out = _add_fields(out, part)
+        return out
+
+    def _param_field(self, op: Op, p: Param, roles: tuple, like: Field) -> Field:
+        """A random leaf standing as an activation (a class token concatenated with a sequence): a bias field,
+        one draw per unit, or per unit and position when the leaf runs along spatial axes."""
+        shape = tuple(int(n) for n in p.shape)
+        spatial = [0] * len(like.spatial)
+        for a, r in enumerate(roles):
+            if r.startswith("s"):
+                spatial[int(r[1:])] = shape[a]
+        zero = Field((), roles, like.width, tuple(spatial))
+        biased = self._bias(op, p, zero, 1.0)
+        return biased
 
     def _heads_reshape(self, op: Op, v: Field, out_shape: tuple) -> Field | None:
         """Attention heads: the width split into (heads, width per head), or the two merged back. The coordinates

@@ -47,3 +47,45 @@ class Reposition:
                          cov2=self._map(k.cov2, full),
                          shape1=k.shape1[:1] + self.after + k.shape1[-1:],
                          shape2=k.shape2[:1] + self.after + k.shape2[-1:])
+
+
+class PositionMap:
+    """The kernel map of moving positions along each spatial axis: output position ``i`` of axis ``a`` holds input
+    position ``sources[a][i]``, or zero where it is -1 (slices, padding with zeros, reversal; concatenation is a
+    sum of padded parts). Covariances move with both positions of a pair; a zero position has zero covariance."""
+
+    def __init__(self, sources: tuple):
+        self.sources = tuple(tuple(int(i) for i in s) for s in sources)
+
+    @staticmethod
+    def needs_full(out_full: bool) -> bool:
+        return out_full  # a position pair maps to one position pair (the diagonal to the diagonal)
+
+    def _move(self, t, lead: int, full: bool):
+        if t is None or jnp.ndim(t) == 0:
+            return t
+        per_axis = 2 if full else 1
+        for a, src in enumerate(self.sources):
+            idx = jnp.asarray([max(i, 0) for i in src])
+            keep = jnp.asarray([i >= 0 for i in src])
+            for j in range(per_axis):
+                axis = lead + per_axis * a + j
+                t = jnp.take(t, idx, axis=axis)
+                shape = [1] * t.ndim
+                shape[axis] = len(src)
+                t = jnp.where(keep.reshape(shape), t, jnp.zeros((), t.dtype))
+        return t
+
+    def kernel_map(self, k: Kernel) -> Kernel:
+        full = k.full
+        n_sp = len(self.sources) * (2 if full else 1)
+        ntk = k.ntk
+        if ntk is not None and jnp.ndim(ntk) and jnp.shape(ntk) != jnp.shape(k.nngp):
+            ntk = jnp.broadcast_to(ntk, jnp.shape(k.nngp))
+        after = tuple(len(s) for s in self.sources)
+
+        def move(t):
+            return None if t is None else self._move(t, jnp.ndim(t) - n_sp, full)
+
+        return k.replace(nngp=move(k.nngp), ntk=move(ntk), cov1=move(k.cov1), cov2=move(k.cov2),
+                         shape1=k.shape1[:1] + after + k.shape1[-1:], shape2=k.shape2[:1] + after + k.shape2[-1:])
