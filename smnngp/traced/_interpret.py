@@ -776,9 +776,7 @@ class Interpreter:
         for a, r in enumerate(roles):
             if r.startswith("s"):
                 spatial[int(r[1:])] = shape[a]
-        zero = Field((), roles, like.width, tuple(spatial))
-        biased = self._bias(op, p, zero, 1.0)
-        return biased
+        return self._bias(op, p, Field((), roles, like.width, tuple(spatial)), 1.0)
 
     def _heads_reshape(self, op: Op, v: Field, out_shape: tuple) -> Field | None:
         """Attention heads: the width split into (heads, width per head), or the two merged back. The coordinates
