@@ -67,9 +67,8 @@ def _mapped_regions() -> int:
 # 2,000 kept alive and in 284 s with 4,000): over the default suite a worker accumulates thousands, and the lowering
 # to MLIR (never served by the persistent cache) grew to 705 s and 926 s of the two workers' time, the suite to
 # 28 to 36 minutes (issue 40). After each test whose worker holds more than MAX_LIVE_CONTEXTS contexts (250: the
-# suite took 22 min 47 s with 1,000, 16 min 21 s with 250), JAX's caches
-# are cleared; programs still in use are traced again when next called, their executables read back from the
-# persistent cache above.
+# suite took 22 min 47 s with 1,000, 16 min 21 s with 250), JAX's caches are cleared; programs still in use are
+# traced again when next called, their executables read back from the persistent cache above.
 # Compiled code also holds memory mappings of its own: past the kernel's limit per process (vm.max_map_count, 65,530
 # by default) LLVM's JIT fails with "Cannot allocate memory" and the worker crashes (CI's run at 0ae3aa9), so the
 # caches are cleared as well after a test module whose worker holds more than MAX_MAPPINGS mappings.

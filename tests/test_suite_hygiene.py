@@ -1,9 +1,9 @@
 """The test workers free JAX's compiled programs before their live MLIR contexts slow every later lowering (issue 40).
 
 tests/conftest.py counts the MLIR contexts alive in the worker after each test and clears JAX's caches past
-``MAX_LIVE_CONTEXTS``. These tests fail if the count stops seeing the contexts a jit compilation keeps alive (a JAX
-release renaming the binding would make the policy a silent no-op and the suite three times slower) or if the hook
-stops freeing them.
+``MAX_LIVE_CONTEXTS``. These tests fail if the count stops seeing MLIR contexts (a JAX release renaming the
+binding would make the policy a silent no-op and the suite about twice as slow) or if the hook stops freeing the
+contexts compiled programs hold.
 """
 
 from __future__ import annotations
