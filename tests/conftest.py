@@ -66,13 +66,14 @@ def _mapped_regions() -> int:
 # these cores, jax 0.10.2: 2,000 distinct small programs lowered in 17 s with their contexts freed, in 79 s with
 # 2,000 kept alive and in 284 s with 4,000): over the default suite a worker accumulates thousands, and the lowering
 # to MLIR (never served by the persistent cache) grew to 705 s and 926 s of the two workers' time, the suite to
-# 28 to 36 minutes (issue 40). After each test whose worker holds more than MAX_LIVE_CONTEXTS contexts (250: the
-# suite took 22 min 47 s with 1,000, 16 min 21 s with 250), JAX's caches are cleared; programs still in use are
-# traced again when next called, their executables read back from the persistent cache above.
+# 28 to 36 minutes (issue 40). After each test whose worker holds more than MAX_LIVE_CONTEXTS contexts, the caches
+# that keep them alive are released (below). Whole suite on these idle cores, warm cache: clearing all of JAX's
+# caches past 1,000 contexts 22 min 47 s, past 250 16 min 21 s, past 100 13 min 53 s; releasing only the
+# Python-level caches past 100 10 min 10 s, past 30 (the default) 9 min 59 s (RESULTS.md, "Test suite time").
 # Compiled code also holds memory mappings of its own: past the kernel's limit per process (vm.max_map_count, 65,530
 # by default) LLVM's JIT fails with "Cannot allocate memory" and the worker crashes (CI's run at 0ae3aa9), so the
 # caches are cleared as well after a test module whose worker holds more than MAX_MAPPINGS mappings.
-MAX_LIVE_CONTEXTS = int(os.environ.get("SMNNGP_TEST_MAX_LIVE_CONTEXTS", "250"))
+MAX_LIVE_CONTEXTS = int(os.environ.get("SMNNGP_TEST_MAX_LIVE_CONTEXTS", "30"))
 MAX_MAPPINGS = 20_000
 
 
@@ -86,9 +87,34 @@ def _live_mlir_contexts() -> int:
         return 0
 
 
+# What keeps a compiled program's context alive on jax 0.10 is its jaxpr, held by JAX's Python-level caches (traced
+# signatures, lowerings); the executable itself lives on in the jitted function's C++ dispatch cache, which holds no
+# context. Clearing only the Python-level caches (`jax._src.util.clear_all_caches`, the first half of
+# `jax.clear_caches()`) frees the contexts while every jitted function keeps its compiled program for the signatures
+# it has seen (300 jitted functions called again: 0.16 s after it, 10.6 s after `jax.clear_caches()`, which drops
+# the dispatch caches too, so that each is traced, lowered and read back from the persistent cache again).
+# SMNNGP_TEST_RELEASE=all clears everything, as does the fallback where JAX no longer has that function.
+RELEASE = os.environ.get("SMNNGP_TEST_RELEASE", "python")
+if RELEASE not in ("python", "all"):
+    raise ValueError(f"SMNNGP_TEST_RELEASE={RELEASE!r}: expected 'python' or 'all'")
+
+
+def _release_lowering_contexts() -> None:
+    """Free the MLIR contexts compiled programs hold (see above)."""
+    if RELEASE == "python":
+        try:
+            from jax._src import util
+
+            util.clear_all_caches()
+            return
+        except (ImportError, AttributeError):
+            pass
+    jax.clear_caches()
+
+
 def pytest_runtest_teardown(item, nextitem):
     if MAX_LIVE_CONTEXTS > 0 and _live_mlir_contexts() > MAX_LIVE_CONTEXTS:
-        jax.clear_caches()
+        _release_lowering_contexts()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -103,6 +129,13 @@ def _release_compiled_programs():
 # skips the test with a one-line reason (shown by `-rs`, in the default options), or fails it when
 # SMNNGP_REQUIRE_DATA=1 (.ci/run, which has ../shared/data). tests/_testdata.py holds the guard and the stand-ins.
 def pytest_configure(config):
+    # SMNNGP_TEST_COMPILE_REPORT=DIR: per-test tracing, lowering and compilation seconds (tests/_compile_report.py)
+    report_dir = os.environ.get("SMNNGP_TEST_COMPILE_REPORT")
+    if report_dir:
+        from _compile_report import CompileReport
+
+        config.pluginmanager.register(CompileReport(os.path.abspath(report_dir), _live_mlir_contexts),
+                                      "smnngp-compile-report")
     config.addinivalue_line(
         "markers",
         "needs_data(*names): reads the named registered data sets; skipped when they cannot be had (not in "
