@@ -88,7 +88,7 @@ def _candidates(fn, dtype, snap: bool):
     f_m1, f_0, f_1, _ = at
     # a min(u, 0) + b max(u, 0)
     if f_0 == 0.0:
-        a, b = p(-f_m1), p(f_1)
+        a, b = p(-f_m1) + 0.0, p(f_1) + 0.0  # + 0.0: no -0.0 in the layer's name
         layer, mean, mean_dot = _abrelu(a, b)
         yield layer, mean, mean_dot, lambda u: a * np.minimum(u, 0) + b * np.maximum(u, 0)
     # u Phi(u), the exact gelu (its tanh approximation is another function: it gets quadrature)

@@ -864,21 +864,22 @@ class Interpreter:
         return self._nonlinear(op, ins)
 
     def _linear(self, op: Op, ins):
-        """Add, subtract, negate, scale: the field stays a combination of its terms."""
+        """Add, subtract, negate, scale: the field stays a combination of its terms (real floating values only:
+        arithmetic on a comparison's booleans, or their conversion to numbers, is a function of the chain)."""
         name = op.name
         if any(isinstance(v, FieldProduct) for v in ins):
             return None
-        if name in ("convert_element_type", "reduce_precision"):
-            if jnp.issubdtype(op.params.get("new_dtype", jnp.float64), jnp.floating) or name == "reduce_precision":
-                return ins[0]
+        if not all(self._floating(v) for v in op.ins + op.outs):
             return None
+        if name in ("convert_element_type", "reduce_precision"):
+            return ins[0]
         if name == "neg":
             return _scale_field(ins[0], -1.0)
         if name in ("add", "sub"):
             a, b = ins
             sign = -1.0 if name == "sub" else 1.0
             if isinstance(a, Field) and isinstance(b, Field):
-                return _add_fields(a, _scale_field(b, sign))
+                return self._fuse(op, _add_fields(a, _scale_field(b, sign)))
             f, other, f_first = (a, b, True) if isinstance(a, Field) else (b, a, False)
             if isinstance(other, Const) and not f_first and name == "sub":
                 # c - F
@@ -914,6 +915,43 @@ class Interpreter:
                 coef = other if name == "mul" else _perex_apply(lambda v: 1.0 / v, other)
                 return _scale_field(f, coef)
         return None
+
+    def _floating(self, v: int) -> bool:
+        """Whether the program's variable ``v`` (an operand or a result) holds real floating-point values."""
+        return bool(jnp.issubdtype(self.program.avals[v].dtype, jnp.floating))
+
+    def _fuse(self, op: Op, f: Field) -> Field:
+        """``f`` with the terms that are functions of one Gaussian pre-activation made one activation.
+
+        Nonlinear terms of one base ``g`` (``0.3 min(g, 0) + 1.7 max(g, 0)``, ``tanh(g) + sin(g) / 2``), with
+        ``alpha g`` when ``f`` holds that multiple of the base (``relu(g) + g``), are one function of ``g``:
+        they become one `Nonlin` term, whose activation is named by value (a closed form when it is one, the
+        quadrature of the one function when it is not), so that its kernel does not depend on how the sum was
+        spelled. The all-ones vector stays a term of its own (its moments with an activation are its mean, in
+        closed form where the activation has one), and so do the terms of other bases (other Gaussians) and
+        nonlinear terms with a per-example coefficient."""
+        groups: dict = {}
+        for t, c in f.terms:
+            if isinstance(t, Nonlin) and not isinstance(c, PerEx):
+                groups.setdefault(_base_key(t.base), []).append((t, c))
+        terms = list(f.terms)
+        for k, members in enumerate(groups.values()):
+            base = members[0][0].base
+            alpha, claimed = _multiple_of(terms, base)
+            if len(members) + bool(claimed) < 2:
+                continue
+            fused = Nonlin(_combination(alpha, [(t.fn, c) for t, c in members]), base, None, op.where,
+                           origin=(self.position[id(op)], k))
+            drop = {id(t) for t, _ in members} | claimed
+            kept = []
+            for t, c in terms:
+                if id(t) not in drop:
+                    kept.append((t, c))
+                elif fused is not None:  # the fused term takes the place of the first of its parts
+                    kept.append((fused, 1.0))
+                    fused = None
+            terms = kept
+        return f.like(terms)
 
     def _nonlinear(self, op: Op, ins):
         """A function of one Gaussian field (an activation's chain), or the product of two fields."""
@@ -1204,6 +1242,43 @@ def _as_function(f: Field):
         return out + shift if shift else out
 
     return base, fn
+
+
+def _multiple_of(terms, base: Field) -> tuple[float, set]:
+    """``(alpha, ids)`` when the Gaussian terms among ``terms`` include ``alpha`` times every term of ``base`` (the
+    ids of those terms), else ``(0.0, set())``. Per-example coefficients must be the base's own (alpha 1)."""
+    coefs = {id(t): c for t, c in terms if t.gaussian}
+    ratios = []
+    for t, b in base.terms:
+        c = coefs.get(id(t))
+        if c is None:
+            return 0.0, set()
+        if isinstance(c, PerEx) or isinstance(b, PerEx):
+            if c is not b:
+                return 0.0, set()
+            ratios.append(1.0)
+        elif b == 0.0:
+            return 0.0, set()
+        else:
+            ratios.append(c / b)
+    alpha = ratios[0] if ratios else 0.0
+    # the ratios of the base's rescaled coefficients may differ by a rounding
+    if not ratios or alpha == 0.0 or any(abs(r - alpha) > 1e-12 * abs(alpha) for r in ratios):
+        return 0.0, set()
+    return alpha, {id(t) for t, _ in base.terms}
+
+
+def _combination(alpha: float, parts):
+    """``u -> alpha u + sum_i c_i phi_i(u)``: the one function of several terms of one base."""
+
+    def fn(u):
+        out = alpha * u if alpha else None
+        for phi, c in parts:
+            value = phi(u) if c == 1.0 else c * phi(u)
+            out = value if out is None else out + value
+        return out
+
+    return fn
 
 
 def _product_pair(op: Op, ins):

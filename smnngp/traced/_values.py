@@ -132,7 +132,9 @@ class Nonlin(Term):
     base: Any  # Field
     prod: Any = None
     where: str = ""
-    origin: int = 0  # the operation that ends the chain (recognition is cached by it)
+    # the operation that ends the chain (recognition is cached by it); for a sum fused into one function, the
+    # pair (that sum's operation, the number of the pre-activation among the sum's)
+    origin: Any = 0
 
 
 @dataclasses.dataclass(eq=False)
