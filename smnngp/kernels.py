@@ -153,8 +153,15 @@ class Kernel:
             object.__setattr__(self, name, value)
 
     # -- pytree protocol (children: the arrays; aux: the static fields) ---------------------------------
+    # A kernel inside a layer map may also carry the first moments of its activations (``_flow``, see
+    # `smnngp.stax._flow`): its arrays are children after the six fields, its static part one more aux entry.
     def tree_flatten(self):
-        return tuple(getattr(self, n) for n in _ARRAY_FIELDS), tuple(getattr(self, n) for n in _META_FIELDS)
+        arrays = tuple(getattr(self, n) for n in _ARRAY_FIELDS)
+        meta = tuple(getattr(self, n) for n in _META_FIELDS)
+        flow = getattr(self, "_flow", None)
+        if flow is None:
+            return arrays, meta + (None,)
+        return arrays + flow.children(), meta + ((type(flow), flow.aux()),)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
@@ -163,6 +170,9 @@ class Kernel:
             object.__setattr__(k, name, value)
         for name, value in zip(_META_FIELDS, aux):
             object.__setattr__(k, name, value)
+        if len(aux) > len(_META_FIELDS) and aux[-1] is not None:
+            flow_type, flow_aux = aux[-1]
+            object.__setattr__(k, "_flow", flow_type.rebuild(flow_aux, tuple(children[len(_ARRAY_FIELDS):])))
         return k
 
     # -- conveniences ----------------------------------------------------

@@ -67,12 +67,13 @@ class Layer(tuple):
     """
 
     def __new__(cls, name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, symmetric=True, layout=None,
-                masking=None):
+                masking=None, means=None):
         if not _accepts_kwargs(kernel_map):
             kernel_map = _ignore_kwargs(kernel_map)
         if layout is not None:
             layout = (int(layout[0]), int(layout[1]))
         kernel_map = _masked_kernel_map(name, kernel_map, masking, layout)
+        kernel_map = _flow_kernel_map(name, kernel_map, means, apply_fn, layout)
         apply_fn = _masked_apply(name, apply_fn, masking, layout)
         public_kernel_fn = _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, layout)
         # As in neural-tangents, the three functions carry the layer's name ('Conv' for Conv(8, (3, 3))): programs
@@ -92,6 +93,26 @@ class Layer(tuple):
 
     def __repr__(self) -> str:
         return f"<smnngp.stax layer {self.name}>"
+
+
+def _flow_kernel_map(name, kernel_map, means, apply_fn, layout):
+    """``kernel_map`` whose output carries the flow (first moments, shared sources: `smnngp.stax._flow`) that the
+    layer's rule ``means`` makes of its input's: 'composite' for layers that handle flows themselves, 'linear'
+    for a parameter-free map applied alike to every channel, a rule function, or ``None`` (mean unknown)."""
+    from smnngp.stax import _flow
+
+    if means == "composite":
+        return kernel_map
+    if means == "linear":
+        rule = _flow.linear(apply_fn, layout)
+    else:
+        rule = _flow.UNKNOWN if means is None else means
+
+    def kmap(k, **kwargs):
+        out = kernel_map(k, **kwargs)
+        return _flow.attach(out, rule(_flow.of(k), k, out, name))
+
+    return kmap
 
 
 def _bare_name(name: str) -> str:
@@ -323,7 +344,10 @@ def _input_kernel(x1, x2, full: bool, want_ntk: bool) -> Kernel:
         cov1 = jnp.einsum(sub_self, x1, x1, precision=prec) * scale
     cov2 = None if x2_is_x1 else jnp.einsum(sub_self, x2, x2, precision=prec) * scale
     ntk = jnp.zeros((), x1.dtype) if want_ntk else None
-    return Kernel(nngp, ntk, cov1, cov2, shape1=x1.shape, shape2=xb.shape, full=full, is_gaussian=False)
+    k = Kernel(nngp, ntk, cov1, cov2, shape1=x1.shape, shape2=xb.shape, full=full, is_gaussian=False)
+    from smnngp.stax import _flow
+
+    return _flow.attach(k, _flow.input_flow(x1, x2))
 
 
 # With x2=None, a network whose output has no spatial axes (dense inputs, or spatial ones reduced by Flatten or
@@ -371,6 +395,8 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
     tiles, and every point's variance is read off its own diagonal tile, so that
     k(x, x) and var(x) are the same floating-point numbers as on the untiled path.
     """
+    from smnngp.stax import _flow
+
     n_points = x.shape[0]
     n = -(-n_points // tiles)
     if tiles * n > n_points:  # pad with copies of the last point; their rows are cut off below
@@ -385,9 +411,10 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
 
     def tile_pair(args):
         r, c = args
-        nngp = _input_kernel(xt[r], xt[c], full, False).nngp
-        return kernel_map(Kernel(nngp, ntk, var[r], var[c], shape1=shape, shape2=shape, full=full,
-                                 is_gaussian=False))
+        k0 = _input_kernel(xt[r], xt[c], full, False)
+        k0 = _flow.attach(Kernel(k0.nngp, ntk, var[r], var[c], shape1=shape, shape2=shape, full=full,
+                                 is_gaussian=False), _flow.input_flow(xt[r], xt[c]))
+        return _flow.strip(kernel_map(k0))
 
     out = jax.lax.map(tile_pair, (jnp.asarray(rows), jnp.asarray(cols)))
     # Tile (r, c) of the result is pair (r, c) for r <= c and pair (c, r) swapped below the
@@ -505,7 +532,7 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
             if many:
                 none = [None] * len(a)
                 ks = [_input_kernel(ai, bi, full and ai.ndim > 2, want_ntk) for ai, bi in zip(a, b or none)]
-                ks = [k if mai is None else k.replace(mask1=mai, mask2=mbi)
+                ks = [k if mai is None else _keep_flow(k.replace(mask1=mai, mask2=mbi), k)
                       for k, mai, mbi in zip(ks, ma or none, mb or none)]
                 return kernel_map(_as_lists(tree, ks), **layer_kwargs)
             full_here = full and a.ndim > 2
@@ -517,7 +544,7 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
                     return _symmetric_kernel_map(kernel_map, a, full_here, want_ntk, tiles)
             k0 = _input_kernel(a, b, full_here, want_ntk)
             if ma is not None:
-                k0 = k0.replace(mask1=ma, mask2=mb)
+                k0 = _keep_flow(k0.replace(mask1=ma, mask2=mb), k0)
             return kernel_map(k0, **layer_kwargs)
 
         k = evaluate(x1, x2, want_ntk, mask1, mask2)
@@ -532,6 +559,13 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
         return _finish(k, get, names, diag_spatial, batch_covs)
 
     return kernel_fn
+
+
+def _keep_flow(k: Kernel, source: Kernel) -> Kernel:
+    """``k`` with the flow of ``source`` (`Kernel.replace` builds a kernel without one)."""
+    from smnngp.stax import _flow
+
+    return _flow.attach(k, _flow.of(source))
 
 
 def _prepare_input(name, x1, x2, mask_constant, layout):
@@ -576,6 +610,9 @@ def _finish(k, get, names, diag_spatial: bool, batch_covs):
         covs = [None] * len(k) if batch_covs is None else list(zip(*[c if isinstance(c, list) else [c] * len(k)
                                                                      for c in batch_covs]))
         return [_finish(ki, get, names, diag_spatial, ci) for ki, ci in zip(k, covs)]
+    from smnngp.stax import _flow
+
+    k = _flow.strip(k)
     if names is not None and "ntk" in names and k.ntk is None:
         raise ValueError("kernel_fn: the NTK was asked for, but the input Kernel has none (compute it with "
                          "get=None or a get that includes 'ntk')")

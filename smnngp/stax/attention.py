@@ -51,7 +51,7 @@ from jax import lax
 
 from smnngp._axes import lead
 from smnngp.kernels import Kernel
-from smnngp.stax import masking
+from smnngp.stax import _flow, masking
 from smnngp.stax._core import Layer, _check_parameterization, _fmt, _single_shape, _std_value
 from smnngp.stax.linear import _bias
 
@@ -502,4 +502,5 @@ def GlobalSelfAttention(
         )
 
     rule = masking.MaskRule(lambda m, shape: masking.reduce_channels(m), remask=True, wants_mask=True)
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout, masking=rule)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout, masking=rule,
+                 means=_flow.FRESH)

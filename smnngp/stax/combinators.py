@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smnngp.kernels import Kernel
-from smnngp.stax import masking
+from smnngp.stax import _flow, masking
 from smnngp.stax._core import (
     Layer,
     _as_layer,
@@ -97,7 +97,7 @@ def serial(*layers) -> Layer:
 
     return Layer(
         name, init_fn, apply_fn, shape_fn, kernel_map, needs_full,
-        all(l.symmetric for l in layers), first_layout(layers), masking.COMPOSITE,
+        all(l.symmetric for l in layers), first_layout(layers), masking.COMPOSITE, means="composite",
     )
 
 
@@ -171,13 +171,16 @@ def repeat(layer: Layer, n: int) -> Layer:
         if n == 0:
             return k
         shape_fn(k.shape1)
-        k = layer.kernel_map(k, **kwargs)
+        # The loop carries means but not the Gaussian a chain of activations reads (`smnngp.stax._flow`): a
+        # kernel per step that later fan-ins rarely need.
+        k = _flow.without_chain(layer.kernel_map(k, **kwargs))
         try:
-            k, _ = jax.lax.scan(lambda c, _: (layer.kernel_map(c, **kwargs), None), k, None, length=n - 1)
+            k, _ = jax.lax.scan(lambda c, _: (_flow.without_chain(layer.kernel_map(c, **kwargs)), None), k, None,
+                                length=n - 1)
         except TypeError:
             # The carry changed type (metadata or shapes): unroll, which computes the same composition.
             for _ in range(n - 1):
-                k = layer.kernel_map(k, **kwargs)
+                k = _flow.without_chain(layer.kernel_map(k, **kwargs))
         return k
 
     def needs_full(full):
@@ -186,7 +189,7 @@ def repeat(layer: Layer, n: int) -> Layer:
         return full
 
     return Layer(name, init_fn, apply_fn, shape_fn, kernel_map, needs_full, layer.symmetric, layer.layout,
-                 masking.COMPOSITE)
+                 masking.COMPOSITE, means="composite")
 
 
 def _check_branches(obj, n: int, layer: str):
@@ -246,7 +249,7 @@ def parallel(*layers) -> Layer:
 
     return Layer(
         name, init_fn, apply_fn, shape_fn, kernel_map, needs_full,
-        all(l.symmetric for l in layers), first_layout(layers), masking.COMPOSITE,
+        all(l.symmetric for l in layers), first_layout(layers), masking.COMPOSITE, means="composite",
     )
 
 
@@ -273,8 +276,13 @@ def FanOut(num: int) -> Layer:
     def init_fn(key, input_shape):
         return shape_fn(tuple(input_shape)), ()
 
-    return Layer(layer, init_fn, lambda p, x, **kw: [x] * num, shape_fn, lambda k: [k] * num, lambda full: full,
-                 masking=masking.COMPOSITE)
+    token = object()  # names this fan-out in the branches' flows (shared sources, `smnngp.stax._flow`)
+
+    def kernel_map(k):
+        return [_flow.attach(k.replace(), f) for f in _flow.fan_out(_flow.of(k), k, token, num)]
+
+    return Layer(layer, init_fn, lambda p, x, **kw: [x] * num, shape_fn, kernel_map, lambda full: full,
+                 masking=masking.COMPOSITE, means="composite")
 
 
 def _branch_shapes(shapes, layer):
@@ -315,23 +323,38 @@ def FanInSum() -> Layer:
 
     def kernel_map(ks):
         shape_fn([k.shape1 for k in ks])
+        flows = _flow.of(ks)
+        # E[(sum_b f_b)(sum_c f_c')] = sum_b K_b + sum_{b != c} E[f_b f_c']. For independent branches the cross
+        # moment is m_b m_c' (the means of branches that end with an activation are not zero) and the NTK has no
+        # cross terms (their gradients are orthogonal in the limit); for two functions of one Gaussian u it is
+        # E[psi_b(u) psi_c(u')], NTK E[psi_b'(u) psi_c'(u')] Theta_u (quadrature).
+        pairs = _flow.dependent_pairs(flows, layer)
+        cross = _flow.mean_products(flows, ks, layer, skip=pairs)
+        extra = {"nngp": [], "ntk": [], "cov1": [], "cov2": []}
+        if cross is not None:
+            for name, term in zip(("nngp", "cov1", "cov2"), cross):
+                extra[name].append(term)
+        for b, c in pairs:
+            for name, term in zip(("nngp", "ntk", "cov1", "cov2"),
+                                  _flow.joint_terms(flows[b], flows[c], ks[0].ntk is not None)):
+                extra[name].append(term)
 
         def total(attr):
             vals = [getattr(k, attr) for k in ks]
             if any(v is None for v in vals):
                 return None
-            return functools.reduce(operator.add, vals)
+            return functools.reduce(operator.add, vals + [t for t in extra[attr] if t is not None])
 
         return ks[0].replace(
             nngp=total("nngp"),
             ntk=total("ntk"),
             cov1=total("cov1"),
             cov2=total("cov2"),
-            is_gaussian=all(k.is_gaussian for k in ks),
+            is_gaussian=all(k.is_gaussian for k in ks) and not pairs,
         )
 
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full,
-                 masking=masking.MaskRule(_and_masks))
+                 masking=masking.MaskRule(_and_masks), means=lambda flows, k, out, name: _flow.summed(flows))
 
 
 def FanInProd() -> Layer:
@@ -359,22 +382,51 @@ def FanInProd() -> Layer:
     def kernel_map(ks):
         shape_fn([k.shape1 for k in ks])
         shape_fn([k.shape2 for k in ks])
+        flows = _flow.of(ks)
+        # Branches that are functions of one Gaussian multiply into one function of it (quadrature); the
+        # groups are independent of one another.
+        parts = _flow.groups(len(ks), _flow.dependent_pairs(flows, layer))
+        if len(parts) < len(ks):
+            want_ntk = all(k.ntk is not None for k in ks)
+            merged, merged_flows = [], []
+            for g in parts:
+                if len(g) == 1:
+                    merged.append(ks[g[0]])
+                    merged_flows.append(flows[g[0]])
+                    continue
+                nngp_g, ntk_g, cov1_g, cov2_g, m1, m2 = _flow.product_terms([flows[i] for i in g], want_ntk)
+                merged.append(_flow.attach(ks[g[0]].replace(nngp=nngp_g, ntk=ntk_g, cov1=cov1_g, cov2=cov2_g),
+                                           _flow.Flow("known", m1, m2, True, _flow.merged_labels(
+                                               [flows[i] for i in g]))))
+                merged_flows.append(_flow.of(merged[-1]))
+            ks, flows = merged, merged_flows
+        data = [i for i, f in enumerate(flows) if not f.exchangeable]
+        if len(data) > 1:
+            raise NotImplementedError(
+                f"{layer}: branches {data[0]} and {data[1]} both carry input data (no affine layer since the "
+                f"input); the channel average of their product is not the product of their averages. Put an "
+                f"affine layer on one")
         nngp, ntk = ks[0].nngp, ks[0].ntk
         for k in ks[1:]:
             # (prod_{<i} K) NTK_i + NTK_{<i} K_i: the product rule, one branch at a time.
             ntk = None if ntk is None or k.ntk is None else ntk * k.nngp + nngp * k.ntk
             nngp = nngp * k.nngp
         cov2 = None if any(k.cov2 is None for k in ks) else functools.reduce(operator.mul, [k.cov2 for k in ks])
-        return ks[0].replace(
+        return _flow.attach(ks[0].replace(
             nngp=nngp,
             ntk=ntk,
             cov1=functools.reduce(operator.mul, [k.cov1 for k in ks]),
             cov2=cov2,
             is_gaussian=len(ks) == 1 and ks[0].is_gaussian,
-        )
+        ), _flow.multiplied(flows))
+
+    def means(flows, ks, out, name):
+        # the map's own flow (dependent branches multiplied first); masks rebuild the kernel without it
+        own = getattr(out, "_flow", None)
+        return own if own is not None else _flow.unknown(f"{layer} of masked inputs", _flow.merged_labels(flows))
 
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full,
-                 masking=masking.MaskRule(_and_masks))
+                 masking=masking.MaskRule(_and_masks), means=means)
 
 
 def _block_concat(mats, first_axis: int):
@@ -465,6 +517,10 @@ def FanInConcat(axis: int = -1) -> Layer:
         ax = axis % ndim
         if ax == ndim - 1:
             return channel_mix(ks, out1, out2)
+        if _flow.dependent_pairs(_flow.of(ks), layer):
+            raise NotImplementedError(
+                f"{layer}: concatenating functions of the same activations along a non-channel axis is not "
+                f"supported (their cross-position moments are not zero); give each branch an affine layer")
         if not all(k.is_gaussian for k in ks):
             raise NotImplementedError(
                 f"{layer}: concatenation along a non-channel axis is implemented for Gaussian (mean-zero) "
@@ -504,8 +560,38 @@ def FanInConcat(axis: int = -1) -> Layer:
                       own([k.cov2 for k in ks]), x1_is_x2=ks[0].x1_is_x2, shape1=out1, shape2=out2, full=full,
                       is_gaussian=True)
 
+    def means(flows, ks, out, name):
+        labels = _flow.merged_labels(flows)
+        if all(f.status == "zero" for f in flows):
+            return _flow.Flow("zero", labels=labels)
+        bad = next((f for f in flows if f.status == "unknown"), None)
+        if bad is not None:
+            return _flow.unknown(bad.why, labels)
+
+        def zeros(k, shape):
+            return jnp.zeros(shape[:-1], k.nngp.dtype)
+
+        m1 = [f.mean1 if f.status == "known" else zeros(k, k.shape1) for f, k in zip(flows, ks)]
+        has2 = ks[0].cov2 is not None
+        m2 = None if not has2 else [(f.mean1 if f.mean2 is None else f.mean2) if f.status == "known"
+                                    else zeros(k, k.shape2) for f, k in zip(flows, ks)]
+        ndim = len(ks[0].shape1)
+        if axis % ndim == ndim - 1:  # channels: the width-weighted average; channels of different branches differ
+            w = [float(k.shape1[-1]) for k in ks]
+
+            def mix(ms):
+                return None if ms is None else functools.reduce(
+                    operator.add, [m * (wi / sum(w)) for m, wi in zip(ms, w)])
+
+            return _flow.Flow("known", mix(m1), mix(m2), False, labels)
+
+        def cat(ms):
+            return None if ms is None else jnp.concatenate(ms, axis=axis % ndim)
+
+        return _flow.Flow("known", cat(m1), cat(m2), all(f.exchangeable for f in flows), labels)
+
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full,
-                 masking=masking.MaskRule(lambda ms, shapes: _concat_masks(ms, shapes, axis)))
+                 masking=masking.MaskRule(lambda ms, shapes: _concat_masks(ms, shapes, axis)), means=means)
 
 
 def _and_masks(masks, shapes):
@@ -542,4 +628,4 @@ def Identity() -> Layer:
         return input_shape, ()
 
     return Layer("Identity", init_fn, lambda params, x, **kw: x, lambda s: s, lambda k: k, lambda full: full,
-                 masking=masking.MaskRule())
+                 masking=masking.MaskRule(), means=_flow.PASS)

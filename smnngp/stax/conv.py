@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel
-from smnngp.stax import masking
+from smnngp.stax import _flow, masking
 from smnngp.stax._core import (
     _PADDINGS,
     Layer,
@@ -439,7 +439,7 @@ def _conv_layer(kind, out_chan, filter_shape, strides, padding, W_std, b_std, di
     rule = None if transpose else masking.MaskRule(
         mask_fn, remask=True, out_layout=(out_spec.index("N"), out_spec.index("C")))
     return Layer(layer, init_fn, apply_fn, spec.user_shape_fn, kernel_map, needs_full, layout=spec.layout,
-                 masking=rule)
+                 masking=rule, means=_flow.FRESH)
 
 
 # ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from jax import lax
 
 from smnngp._axes import lead
 from smnngp.kernels import Kernel
+from smnngp.stax import _flow
 from smnngp.stax._core import (
     Layer,
     _act_param,
@@ -58,8 +59,11 @@ def _pair_variances(k: Kernel):
     return nngp_pair, cov1_pair, cov2_pair
 
 
+_MEAN_DEGREE = 64  # Gauss-Hermite nodes of E[phi(u)] for an activation without a closed form (smooth ones)
+
+
 def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | None = None, symmetric=True,
-                remask: bool = True) -> Layer:
+                remask: bool = True, mean: Callable | None | str = "quadrature") -> Layer:
     """Elementwise layer from ``moments(c, v1, v2, need_dot) -> (E[phi phi], E[phi' phi'] or None)``.
 
     ``diag(v) = E[phi(u)^2]`` for u ~ N(0, v), when given, is the closed form of
@@ -70,7 +74,14 @@ def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | Non
     Masks pass unchanged; with ``remask`` the covariances of masked positions are zeroed after the map (the
     layers neural-tangents leaves unzeroed, those with phi(0) = 0 or whose constant term it keeps, pass
     ``remask=False``).
+
+    ``mean(v) = E[phi(u)]`` for u ~ N(0, v) (what a sum with another branch needs, `smnngp.stax._flow`): a closed
+    form, ``'quadrature'`` (the default: ``_MEAN_DEGREE``-node Gauss-Hermite of ``fn``, for smooth ``fn``), or
+    ``None`` when the layer has no finite network.
     """
+    if mean == "quadrature":
+        def mean(v):
+            return gauss_hermite_1d(fn, v, _MEAN_DEGREE)
 
     def init_fn(key, input_shape):
         return input_shape, ()
@@ -98,10 +109,11 @@ def _activation(name: str, fn: Callable, moments: Callable, diag: Callable | Non
         return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=False)
 
     layer = Layer(name, init_fn, apply_fn, lambda s: s, kernel_map, lambda full: full, symmetric,
-                  masking=MaskRule(remask=remask))
-    # The bivariate moments and phi itself, for engines that pair two different Gaussians (smnngp.traced).
+                  masking=MaskRule(remask=remask), means=_flow.activation(mean, fn))
+    # The bivariate moments, phi itself and its mean, for engines that pair two different Gaussians (traced).
     layer.moments = moments
     layer.activation = fn
+    layer.mean = mean
     return layer
 
 
@@ -286,7 +298,10 @@ def ABRelu(a: float, b: float, do_stabilize: bool = False) -> Layer:
 
     if stabilize:
         moments = _stabilized(moments)
-    return _activation(f"ABRelu({_fmt(a)}, {_fmt(b)})", fn, moments, diag, remask=False)
+    def mean(v):
+        return (b - a) * jnp.sqrt(v / (2 * math.pi))
+
+    return _activation(f"ABRelu({_fmt(a)}, {_fmt(b)})", fn, moments, diag, remask=False, mean=mean)
 
 
 def _stabilized(moments):
@@ -375,7 +390,7 @@ def Sign() -> Layer:
     def diag(v):
         return jnp.where(v == 0, 0.0, 1.0).astype(v.dtype)
 
-    return _activation("Sign", jnp.sign, moments, diag, remask=False)
+    return _activation("Sign", jnp.sign, moments, diag, remask=False, mean=jnp.zeros_like)
 
 
 def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
@@ -419,7 +434,10 @@ def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
         b2v = b * b * v
         return a * a * (2 / math.pi) * jnp.arctan2(2 * b2v, jnp.sqrt(1 + 4 * b2v)) + shift * shift
 
-    return _activation(f"Erf({_fmt(a)}, {_fmt(b)}, {_fmt(shift)})", fn, moments, diag)
+    def mean(v):
+        return jnp.full_like(v, shift)
+
+    return _activation(f"Erf({_fmt(a)}, {_fmt(b)}, {_fmt(shift)})", fn, moments, diag, mean=mean)
 
 
 def Sigmoid_like() -> Layer:
@@ -466,7 +484,10 @@ def Gelu(approximate: bool = False) -> Layer:
             dot = 0.25 + angle / (2 * math.pi) + c * (1 / d2 + (1 - prod) / prod_plus + 1) / (2 * math.pi * d)
         return val, dot
 
-    return _activation("Gelu", fn, moments, remask=False)
+    def mean(v):  # E[u Phi(u)] = v E[phi_N(u)] (Stein) = v / sqrt(2 pi (1 + v))
+        return v / jnp.sqrt(2 * math.pi * (1 + v))
+
+    return _activation("Gelu", fn, moments, remask=False, mean=mean)
 
 
 def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
@@ -502,7 +523,10 @@ def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
         dot = 0.5 * a * a * b * b * (s1 + s2) if want_dot else None
         return val, dot
 
-    return _activation(f"Sin({_fmt(a)}, {_fmt(b)}, {_fmt(phase)})", fn, moments)
+    def mean(v):  # E[sin(b u + c)] = sin(c) exp(-b^2 v / 2)
+        return a * jnp.sin(phase) * jnp.exp(-b * b * v / 2)
+
+    return _activation(f"Sin({_fmt(a)}, {_fmt(b)}, {_fmt(phase)})", fn, moments, mean=mean)
 
 
 def Cos(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
@@ -561,7 +585,10 @@ def Rbf(gamma: float = 1.0) -> Layer:
     def diag(v):
         return jnp.ones_like(v)
 
-    return _activation(f"Rbf({_fmt(gamma)})", fn, moments, diag)
+    def mean(v):  # sqrt(2) sin(pi / 4) exp(-2 gamma v / 2)
+        return jnp.exp(-gamma * v)
+
+    return _activation(f"Rbf({_fmt(gamma)})", fn, moments, diag, mean=mean)
 
 
 def Exp(a: float = 1.0, b: float = 1.0) -> Layer:
@@ -593,7 +620,10 @@ def Exp(a: float = 1.0, b: float = 1.0) -> Layer:
     def diag(v):
         return a * a * jnp.exp(2 * b * b * v)
 
-    return _activation(f"Exp({_fmt(a)}, {_fmt(b)})", fn, moments, diag)
+    def mean(v):  # the moment generating function at b
+        return a * jnp.exp(b * b * v / 2)
+
+    return _activation(f"Exp({_fmt(a)}, {_fmt(b)})", fn, moments, diag, mean=mean)
 
 
 def Gabor() -> Layer:
@@ -631,7 +661,7 @@ def Gabor() -> Layer:
         d = 1 + 4 * v
         return -jnp.expm1(-2 * v / d) / (2 * jnp.sqrt(d))
 
-    return _activation("Gabor", fn, moments, diag, remask=False)
+    return _activation("Gabor", fn, moments, diag, remask=False, mean=jnp.zeros_like)  # an odd function
 
 
 def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
@@ -664,7 +694,10 @@ def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
         dot = a * a * 4 * b * b * c / root**3 if want_dot else None
         return val, dot
 
-    return _activation(f"Gaussian({_fmt(a)}, {_fmt(b)})", fn, moments)
+    def mean(v):
+        return a * lax.rsqrt(1 - 2 * b * v)
+
+    return _activation(f"Gaussian({_fmt(a)}, {_fmt(b)})", fn, moments, mean=mean)
 
 
 def gauss_hermite_2d(f1: Callable, f2: Callable, c, v1, v2, deg: int):
@@ -699,7 +732,7 @@ def gauss_hermite_1d(f: Callable, v, deg: int):
     x = jnp.asarray(nodes, v.dtype)
     w = jnp.asarray(weights, v.dtype)
     s = jnp.sqrt(2 * jnp.maximum(v, 0))[..., None]
-    return (f(s * x) @ w) / math.sqrt(math.pi)
+    return (f(s * lead(x, s.ndim)) @ w) / math.sqrt(math.pi)
 
 
 def ElementwiseNumerical(fn: Callable, deg: int, df: Callable | None = None) -> Layer:
@@ -774,7 +807,7 @@ def ExpNormalized(gamma: float = 1, shift: float = -1, do_clip: bool = False) ->
         e = jnp.exp(gamma * (rho + shift))
         return r * e, (gamma * e if want_dot else None)
 
-    return _activation(f"ExpNormalized({_fmt(gamma)}, {_fmt(shift)}, do_clip={clip})", fn, moments)
+    return _activation(f"ExpNormalized({_fmt(gamma)}, {_fmt(shift)}, do_clip={clip})", fn, moments, mean=None)
 
 
 def Elementwise(fn: Callable | None = None, nngp_fn: Callable | None = None,
@@ -826,4 +859,4 @@ def Elementwise(fn: Callable | None = None, nngp_fn: Callable | None = None,
         val = value_fn(cov, v1, v2).astype(cov.dtype)
         return val, (dot_fn(cov, v1, v2).astype(cov.dtype) if want_dot else None)
 
-    return _activation(name, apply, moments)
+    return _activation(name, apply, moments, mean="quadrature" if fn is not None else None)

@@ -282,4 +282,7 @@ def RectifiedMonomial(degree: int) -> Layer:
     def diag(v):
         return (double_factorial / 2) * v**n
 
-    return _activation(f"RectifiedMonomial({n})", fn, moments, diag, remask=False)
+    def mean(v):  # E[u^n 1(u >= 0)] = v^{n/2} 2^{n/2} Gamma((n + 1) / 2) / (2 sqrt(pi))
+        return (2.0 ** (n / 2) * math.gamma((n + 1) / 2) / (2 * math.sqrt(math.pi))) * v ** (n / 2)
+
+    return _activation(f"RectifiedMonomial({n})", fn, moments, diag, remask=False, mean=mean)

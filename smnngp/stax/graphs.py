@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel
-from smnngp.stax import masking
+from smnngp.stax import _flow, masking
 from smnngp.stax._core import Layer, _is_concrete, _single_shape, self_covariances, to_canonical
 
 __all__ = ["Aggregate", "AggregateImplementation"]
@@ -284,7 +284,7 @@ def Aggregate(
         return True
 
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, needs_full, True, layout,
-                 masking.MaskRule(remask=True))
+                 masking.MaskRule(remask=True), means=_flow.ZERO_PRESERVING)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smnngp.kernels import Kernel
-from smnngp.stax import masking
+from smnngp.stax import _flow, masking
 from smnngp.stax._core import (
     Layer,
     _check_parameterization,
@@ -233,4 +233,5 @@ def Dense(
 
     # Masks: a position is masked when all its input channels are; the output is zeroed there.
     rule = masking.MaskRule(lambda m, shape: masking.reduce_channels(m), remask=True)
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, layout=layout, masking=rule)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, layout=layout, masking=rule,
+                 means=_flow.FRESH)

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel
-from smnngp.stax import masking
+from smnngp.stax import _flow, masking
 from smnngp.stax._core import Layer, _fmt, _single_shape, _spatial_diagonal
 
 __all__ = ["LayerNorm", "Dropout"]
@@ -212,7 +212,7 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
         if -nd <= batch_axis < nd and all(-nd <= a < nd for a in axes)
     )
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, symmetric,
-                 (batch_axis, channel_axis), masking.MaskRule(wants_mask=True))
+                 (batch_axis, channel_axis), masking.MaskRule(wants_mask=True), means=_flow.ZERO_PRESERVING)
 
 
 # ---------------------------------------------------------------------------
@@ -301,4 +301,4 @@ def Dropout(rate, mode: str = "train") -> Layer:
     # In train mode a diagonal block of an x2=None kernel is not the kernel of a tile with a copy of itself
     # (that is a second draw of the masks), so the symmetric tiling of x2=None kernels must stay off.
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, mode == "test",
-                 masking=masking.MaskRule())
+                 masking=masking.MaskRule(), means=_flow.PASS)

@@ -194,7 +194,7 @@ def _pool(kind: str, window_shape, strides, padding, normalize_edges, batch_axis
         return masking.window_center_mask(mask, window_shape, strides, pads, out, circular)
 
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout,
-                 masking=masking.MaskRule(mask_fn, remask=True))
+                 masking=masking.MaskRule(mask_fn, remask=True), means="linear")
 
 
 def AvgPool(
@@ -332,7 +332,8 @@ def _global_pool(kind: str, batch_axis, channel_axis) -> Layer:
         return jnp.all(mask, axis=tuple(i for i in range(len(shape)) if i not in (b, c)))
 
     rule = masking.MaskRule(mask_fn, wants_mask=kind == "avg", finite_fn=finite_mask_fn)
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout, masking=rule)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: True, layout=layout, masking=rule,
+                 means="linear")
 
 
 def GlobalAvgPool(batch_axis: int = 0, channel_axis: int = -1) -> Layer:
@@ -439,4 +440,5 @@ def Flatten(batch_axis: int = 0, batch_axis_out: int = 0) -> Layer:
         return mask.reshape(shape_fn(tuple(shape)))
 
     rule = masking.MaskRule(mask_fn, finite_fn=finite_mask_fn)
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: False, layout=layout, masking=rule)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: False, layout=layout, masking=rule,
+                 means="linear")

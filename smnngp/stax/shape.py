@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from smnngp.kernels import Kernel
-from smnngp.stax import masking
+from smnngp.stax import _flow, masking
 from smnngp.stax._core import Layer, _from_canonical, _single_shape, canonical_shape, to_canonical
 from smnngp.stax.pooling import _check_axis, _from_canonical_shape, _resolve_axes
 
@@ -151,7 +151,8 @@ def Index(idx, batch_axis: int = 0, channel_axis: int = -1) -> Layer:
         shapes = {f"shape{i}": _index_shape(s, canon, layer) for i, s in ((1, k.shape1), (2, k.shape2))}
         return _map_all(k, op, **shapes)
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, layout=layout)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, layout=layout,
+                 means=_flow.ZERO_PRESERVING)
 
 
 # ---------------------------------------------------------------------------
@@ -256,7 +257,8 @@ def ImageResize(
         shapes = {f"shape{i}": (s[0], *spatial_out, s[-1]) for i, s in ((1, k.shape1), (2, k.shape2))}
         return _map_all(k, op, **shapes)
 
-    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full or resizes_space, layout=layout)
+    return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full or resizes_space, layout=layout,
+                 means=_flow.ZERO_PRESERVING)
 
 
 # ---------------------------------------------------------------------------
@@ -445,4 +447,4 @@ def DotGeneral(
     mixes = other is not None and any(a != batch_axis for a in in_cs)
     rule = masking.MaskRule(mask_fn, finite_fn=finite_mask_fn)
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full or mixes, layout=layout,
-                 masking=rule)
+                 masking=rule, means=_flow.ZERO_PRESERVING)
