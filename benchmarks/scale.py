@@ -32,6 +32,13 @@ peak resident set on the CPU (which includes the runtime's own ~0.3-0.5 GB). Eac
 (``XLA_PYTHON_CLIENT_MEM_FRACTION=.95`` unless set: JAX's default allocator cap is 75 %). A case that fails (out of
 memory, ``--timeout``) is recorded as such and larger N is not tried for it.
 
+Benchmarks check before they time (issue 49): at each N a first worker computes the exact reference, the dense
+float64 fit (Student-t for our cases, the Gaussian GP for GPyTorch's), and every row records its largest relative
+error of the predictive mean and variance and the log ML's relative error against it (``check``; tolerances
+``CHECK_TOL``, the log ML's widened by 4 reported standard errors where the log-determinant is stochastic). A row
+whose answer is wrong is printed ``WRONG`` and gets no ratio (``WRONG (err ...)`` in its place). Where the reference
+does not fit, the rows are unchecked.
+
 Writes ``benchmarks/results/scale-<device>.json`` (``--quick``: ``scale-quick.json``, a smoke test).
 """
 
@@ -42,6 +49,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -162,10 +170,66 @@ def _gpytorch(args, x, y, xt):
     return run, peak
 
 
+def _reference(args, x, y, xt):
+    """The exact answers the rows are checked against: the dense float64 Student-t fit (ours) and the dense
+    float64 Gaussian one (GPyTorch's model), each's log ML, predictive mean and variance."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jax.config.update("jax_enable_x64", True)
+    sys.path.insert(0, str(ROOT))
+    from smnngp import posterior, priors
+
+    x, y, xt = (jnp.asarray(a, jnp.float64) for a in (x, y, xt))
+    out = {}
+    for name, prior in (("student_t", priors.InverseGamma(2.0, 2.0)), ("gaussian", None)):
+        post = posterior.fit(_kernel(args.kernel), x, y, prior, noise=NOISE, method="dense")
+        p = post.predict(xt)
+        out[name] = (float(post.log_marginal_likelihood), np.asarray(p.mean, float), np.asarray(p.variance, float))
+    return out
+
+
+# a row's answer is checked against the dense float64 reference of the same run before it is timed against
+# anything: the largest relative error of the predictive mean and variance over the test points, and the log ML's
+# relative error, which for the stochastic log-determinants (mixed, cg) may also be 4 reported standard errors
+CHECK_TOL = {"float64": {"mean": 1e-4, "variance": 1e-2, "log_ml": 1e-6},
+             "float32": {"mean": 1e-2, "variance": 5e-2, "log_ml": 1e-3}}
+
+
+def _check(rec, arrays, ref, case, dtype):
+    """``{"errors", "tolerances", "ok"}`` of a row against the reference (GPyTorch's model is the Gaussian GP)."""
+    import numpy as np
+
+    kind = "gaussian" if case.startswith("gpytorch") else "student_t"
+    lml, mean, var = float(ref[f"{kind}_0"]), ref[f"{kind}_1"], ref[f"{kind}_2"]
+
+    def rel(a, b):
+        a, b = np.asarray(a, float).reshape(-1), np.asarray(b, float).reshape(-1)
+        return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
+
+    errors = {"mean": rel(arrays["mean"], mean), "variance": rel(arrays["var"], var),
+              "log_ml": abs(rec["log_ml"] - lml) / abs(lml)}
+    tols = dict(CHECK_TOL[dtype])
+    se = (rec.get("diagnostics") or {}).get("logdet_stderr")
+    if se:
+        tols["log_ml"] += 4 * (se / 2) / abs(lml)
+    elif case == "gpytorch-cg":  # stochastic, with no standard error reported
+        tols["log_ml"] = max(tols["log_ml"], 1e-2)
+    return {"errors": errors, "tolerances": tols, "ok": all(errors[k] <= tols[k] for k in errors)}
+
+
 def worker(args):
     import resource
 
+    import numpy as np
+
     x, y, xt = _data(args.n, args.n_test)
+    if args.case == "reference":
+        ref = _reference(args, x, y, xt)
+        np.savez(args.arrays, **{f"{k}_{i}": np.asarray(v[i]) for k, v in ref.items() for i in range(3)})
+        print("RESULT " + json.dumps({"log_ml": ref["student_t"][0]}))
+        return
     run, peak = (_ours if args.case.startswith("ours") else _gpytorch)(args, x, y, xt)
     start = time.perf_counter()
     lml, mean, var, extra = run()
@@ -175,8 +239,8 @@ def worker(args):
         start = time.perf_counter()
         lml, mean, var, extra = run()
         steady.append(time.perf_counter() - start)
-    import numpy as np
-
+    if args.arrays:
+        np.savez(args.arrays, mean=np.asarray(mean, float), var=np.asarray(var, float))
     device_peak = peak()
     out = {"first_s": first, "steady_s": min(steady) if steady else None, "log_ml": lml,
            "mean_head": np.asarray(mean, float)[:5].tolist(), "var_head": np.asarray(var, float)[:5].tolist(),
@@ -197,6 +261,8 @@ def _device_name():
 
 
 def main():
+    import numpy as np
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 5000, 10000])
     parser.add_argument("--n-test", type=int, default=1000)
@@ -217,6 +283,7 @@ def main():
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--arrays", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -231,42 +298,71 @@ def main():
                    "--tol", str(args.tol), "--mixed-tol", str(args.mixed_tol), "--rank", str(args.rank),
                    "--probes", str(args.probes),
                    "--love-rank", str(args.love_rank), "--max-iter", str(args.max_iter)]
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".95", **os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+    def run_worker(n, case, arrays):
+        cmd = [sys.executable, __file__, "--worker", "1", "--n", str(n), "--case", case, "--arrays", arrays,
+               *passthrough]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+            ok = proc.returncode == 0 and "RESULT " in proc.stdout
+            return ok, json.loads(proc.stdout.split("RESULT ", 1)[1]) if ok else {
+                "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
+        except subprocess.TimeoutExpired:
+            return False, {"error": [f"timeout after {args.timeout:.0f} s"]}
+
+    tmp = tempfile.TemporaryDirectory()
     for n in args.sizes:
+        # the exact reference of this N, computed in this run (dense, float64), before anything is timed
+        ref_path = os.path.join(tmp.name, f"reference-{n}.npz")
+        ref_ok, ref_rec = run_worker(n, "reference", ref_path)
+        ref = dict(np.load(ref_path)) if ref_ok else None
+        if not ref_ok:
+            print(f"N = {n:>8,}  reference      failed ({ref_rec['error'][0][:80]}): rows unchecked", flush=True)
         for case in args.cases:
             if case in failed or case == "ours-mixed" and args.dtype != "float64":
                 continue
             print(f"N = {n:>8,}  {case:<14}", end=" ", flush=True)
-            cmd = [sys.executable, __file__, "--worker", "1", "--n", str(n), "--case", case, *passthrough]
+            arrays = os.path.join(tmp.name, f"{case}-{n}.npz")
             start = time.perf_counter()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                      env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".95", **os.environ,
-                                           "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
-                ok = proc.returncode == 0 and "RESULT " in proc.stdout
-                rec = json.loads(proc.stdout.split("RESULT ", 1)[1]) if ok else {
-                    "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
-            except subprocess.TimeoutExpired:
-                rec, ok = {"error": [f"timeout after {args.timeout:.0f} s"]}, False
+            ok, rec = run_worker(n, case, arrays)
             rec.update(n=n, case=case, wall_s=time.perf_counter() - start)
             results.append(rec)
             if ok:
                 steady = rec["steady_s"] if rec["steady_s"] is not None else rec["first_s"]
                 rec["peak_over_n2"] = rec["peak_bytes"] / (n * n * (8 if args.dtype == "float64" else 4))
+                check = ""
+                if ref is not None:
+                    rec["check"] = _check(rec, dict(np.load(arrays)), ref, case, args.dtype)
+                    errs = rec["check"]["errors"]
+                    check = (f"  err mean {errs['mean']:.1e} var {errs['variance']:.1e} log ML {errs['log_ml']:.1e}"
+                             + ("" if rec["check"]["ok"] else "  WRONG"))
                 print(f"{steady:9.2f} s  (first {rec['first_s']:.1f} s)  peak {rec['peak_bytes'] / 2**30:7.2f} GiB "
-                      f"= {rec['peak_over_n2']:.2f} N^2 ({rec['peak_kind']})  log ML {rec['log_ml']:.6g}", flush=True)
+                      f"= {rec['peak_over_n2']:.2f} N^2 ({rec['peak_kind']})  log ML {rec['log_ml']:.6g}{check}",
+                      flush=True)
             else:
                 failed.add(case)
                 print(f"failed: {rec['error'][0][:100]}", flush=True)
+    tmp.cleanup()
     print("\nratios (steady; first call where no repeat ran), ours / GPyTorch at the same N:")
-    table = {}
+    table, wrong = {}, {}
     for rec in results:
         if "error" not in rec:
             table[rec["n"], rec["case"]] = rec["steady_s"] if rec["steady_s"] is not None else rec["first_s"]
+            if "check" in rec and not rec["check"]["ok"]:
+                wrong[rec["n"], rec["case"]] = {k: v for k, v in rec["check"]["errors"].items()
+                                                if v > rec["check"]["tolerances"][k]}
     ratios = []
     for n in args.sizes:
         for ours, theirs in (("ours-dense", "gpytorch-chol"), ("ours-mixed", "gpytorch-chol"),
                              ("ours-mixed", "ours-dense"), ("ours-cg", "gpytorch-cg")):
             if (n, ours) in table and (n, theirs) in table:
+                bad = [(c, wrong[n, c]) for c in (ours, theirs) if (n, c) in wrong]
+                if bad:  # a timing of a wrong answer is no comparison
+                    ratios.append({"n": n, "ours": ours, "anchor": theirs, "ratio": None, "wrong": dict(bad)})
+                    print(f"  N = {n:>8,}  {ours:<11} / {theirs:<14} WRONG (err " + ", ".join(
+                        f"{c}: " + ", ".join(f"{k} {v:.2g}" for k, v in e.items()) for c, e in bad) + ")")
+                    continue
                 r = table[n, ours] / table[n, theirs]
                 ratios.append({"n": n, "ours": ours, "anchor": theirs, "ratio": r})
                 print(f"  N = {n:>8,}  {ours:<11} / {theirs:<14} {r:6.2f}x")
@@ -280,7 +376,8 @@ def main():
     name = "scale-quick.json" if args.quick else f"scale-{_device_name()}-{args.dtype}{kernel}.json"
     write_results(args.out or ROOT / "benchmarks" / "results" / name,
                   {"quick": args.quick, "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "n",
-                                                                                                        "case", "out")},
+                                                                                                        "case", "out",
+                                                                                                        "arrays")},
                    "device": _device_name(), "results": results, "ratios": ratios})
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 import weakref
 
 import jax
@@ -310,23 +309,23 @@ class Posterior:
 
     def _matfree_marginals(self, x_test):
         """Mean and variance at the test points without the (L, N) cross-kernel where it can be avoided: the
-        mean ``k*x alpha`` by column tiles; the variance by CG solves (``variance='solve'``) or LOVE."""
+        mean ``k*x alpha`` by column tiles; the variance by CG solves (``variance='solve'``) or LOVE
+        (:func:`smnngp.matfree.love_variances`: ``k** - k*x A^{-1} kx*`` within a relative ``love_tol``, certified
+        by a Lanczos interval per test point, CG solves where the interval is too wide)."""
         x_test = self._check_x_test(x_test)
         if self._solver.variance == "solve" or "L32" in self._state:  # mixed: CG takes a few iterations
             kxt, kxx = self._test_kernels(x_test, None, None, full_cov=False)
             return self._latent(kxt, kxx, False)
+        if not _concrete(x_test, self._state, self.x_train, self.noise):
+            raise TypeError("a matrix-free posterior (method='cg') predicts outside jit/vmap: LOVE checks its "
+                            "variances' bounds on the host")
         op = self._operator()
         kxx = _evaluator(self.kernel).diag(x_test)
         check_finite(kxx, "k_test_test")
         mean = op.cross_matmul(x_test, self._state["alpha"])
-        pc = self._preconditioner()
-        var = kxx - matfree.love_variance_reduction(op, x_test, self._solver.love_rank, pc)
-        bad = int(jnp.sum(var <= 0))
-        if bad:
-            warnings.warn(f"LOVE variances fell to zero at {bad} of {var.shape[0]} test points (the Krylov space of "
-                          "love_rank steps with this preconditioner is too small); raise love_rank or precond_rank, "
-                          "or use CG(variance='solve')", matfree.ConvergenceWarning, stacklevel=4)
-        return mean, jnp.clip(var, 0.0, None)
+        # each variance within love_tol of exact (certified), or solved by CG with a warning (matfree.love_variances)
+        var, _ = matfree.love_variances(op, x_test, kxx, self._solver, self._preconditioner())
+        return mean, var
 
     def _latent(self, kxt, kxx, full_cov):
         """Gaussian conditional pieces for scaled noise: mean (L, C), covariance S* (diag or full)."""
