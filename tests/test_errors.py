@@ -113,8 +113,13 @@ def test_params_from_another_network_rejected_by_apply():
 def test_activation_needs_gaussian_input():
     with pytest.raises(ValueError, match="Relu.*must be Gaussian"):
         stax.serial(stax.Relu(), stax.Dense(1))[2](np.ones((3, 2)), None, "nngp")
-    with pytest.raises(ValueError, match="Erf.*must be Gaussian"):
-        stax.serial(stax.Dense(3), stax.Relu(), stax.Erf(), stax.Dense(1))[2](np.ones((3, 2)), None, "nngp")
+    # after two independent ReLU branches summed: neither Gaussian nor a function of one Gaussian (Erf after a
+    # Relu alone is a chain, which smnngp integrates)
+    two = stax.serial(stax.Dense(3), stax.FanOut(2), stax.parallel(stax.serial(stax.Dense(3), stax.Relu()),
+                                                                   stax.serial(stax.Dense(3), stax.Relu())),
+                      stax.FanInSum(), stax.Erf(), stax.Dense(1))
+    with pytest.raises(ValueError, match="Erf.*must be Gaussian.*chain of activations of one Gaussian"):
+        two[2](np.ones((3, 2)), None, "nngp")
 
 
 def test_valid_padding_too_small():

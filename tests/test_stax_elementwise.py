@@ -224,7 +224,7 @@ def test_errors_name_the_layer():
     with pytest.raises(NotImplementedError, match="apply_fn"):
         only_kernel[1]((), x)
     with pytest.raises(ValueError, match="Gabor: the input to an activation must be Gaussian"):
-        stax.serial(stax.Dense(4), stax.Relu(), stax.Gabor())[2](x, None)
+        stax.serial(stax.Dense(4), stax.Relu(), stax.LayerNorm(), stax.Gabor())[2](x, None)
 
 
 def test_traced_scales_are_differentiable():

@@ -107,6 +107,34 @@ def strip(k):
     return k.replace()
 
 
+def var_of(k, cov):
+    """Same-position variances (N, spatial...) of a kernel's ``cov1`` / ``cov2``."""
+    return cov if not k.full or k.spatial_ndim == 0 else _spatial_diagonal(cov, 1)
+
+
+def has_masks(k) -> bool:
+    return k.mask1 is not None or k.mask2 is not None
+
+
+def chain_kernel(flow: Flow, phi, k):
+    """The kernel of phi(psi(u)) for ``k`` the kernel of psi(u), psi the flow's chain of activations of the
+    Gaussian u (`Flow.base`): E[chi(u) chi(v)] and E[chi'(u) chi'(v)] Theta_u for chi = phi o psi, by
+    `gauss_polar_2d` (spectral for kinks at 0)."""
+    from smnngp.stax.elementwise import _pair_variances, gauss_polar_2d
+
+    base = flow.base
+    chi = _composite(flow.chain[1] + (phi,))
+    d_chi = jnp.vectorize(jax.grad(chi))
+    nngp_pair, cov1_pair, cov2_pair = _pair_variances(base)
+    nngp = gauss_polar_2d(chi, chi, base.nngp, *nngp_pair)
+    ntk = None
+    if k.ntk is not None and base.ntk is not None:
+        ntk = gauss_polar_2d(d_chi, d_chi, base.nngp, *nngp_pair) * base.ntk
+    cov1 = gauss_polar_2d(chi, chi, base.cov1, *cov1_pair)
+    cov2 = None if base.cov2 is None else gauss_polar_2d(chi, chi, base.cov2, *cov2_pair)
+    return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=False)
+
+
 def without_chain(k):
     """``k`` with its flow's `Flow.chain` (and the Gaussian kernel it holds) dropped."""
     flow = getattr(k, "_flow", None)
@@ -176,12 +204,22 @@ def activation(mean_fn, phi):
         def var(cov):
             return cov if not k_in.full or k_in.spatial_ndim == 0 else _spatial_diagonal(cov, 1)
 
-        m1 = mean_fn(var(k_in.cov1))
-        m2 = None if k_in.cov2 is None else mean_fn(var(k_in.cov2))
+        if k_in.is_gaussian:
+            m1 = mean_fn(var(k_in.cov1))
+            m2 = None if k_in.cov2 is None else mean_fn(var(k_in.cov2))
+        else:  # phi after a chain psi of activations of one Gaussian u: E[phi(psi(u))] over u
+            from smnngp.stax.elementwise import gauss_split_1d
+
+            composite = _composite(flow.chain[1] + (phi,))
+            base = flow.base
+            m1 = gauss_split_1d(composite, var_of(base, base.cov1))
+            m2 = None if base.cov2 is None else gauss_split_1d(composite, var_of(base, base.cov2))
         if flow.chain is not None:  # a further function of the same Gaussian
             chain, base = (flow.chain[0], flow.chain[1] + (phi,)), flow.base
-        else:
+        elif k_in.is_gaussian:
             chain, base = (token, (phi,)), strip(k_in)
+        else:
+            chain, base = None, None
         return Flow("known", m1, m2, True, flow.labels, chain=chain, base=base)
 
     return rule
@@ -229,9 +267,6 @@ def dependent_pairs(flows, layer: str) -> list[tuple[int, int]]:
     return pairs
 
 
-_JOINT_DEGREE = 64  # Gauss-Hermite nodes per dimension of E[psi_b(u) psi_c(v)] for two functions of one Gaussian
-
-
 def _composite(fns):
     def f(u):
         for fn in fns:
@@ -243,9 +278,9 @@ def _composite(fns):
 
 def joint_terms(fb: Flow, fc: Flow, want_ntk: bool):
     """E[psi_b(u) psi_c(v) + psi_c(u) psi_b(v)] for two functions of the same Gaussian (``chain``), as (nngp,
-    ntk, cov1, cov2) terms: ``_JOINT_DEGREE``-node Gauss-Hermite quadrature in two dimensions over the base
+    ntk, cov1, cov2) terms: `gauss_polar_2d` (polar quadrature split where u or v = 0) over the base
     Gaussian's covariances, and E[psi_b'(u) psi_c'(v) + psi_c'(u) psi_b'(v)] times its NTK."""
-    from smnngp.stax.elementwise import _pair_variances, gauss_hermite_2d
+    from smnngp.stax.elementwise import _pair_variances, gauss_polar_2d
 
     k = fb.base
     psi_b, psi_c = _composite(fb.chain[1]), _composite(fc.chain[1])
@@ -253,8 +288,8 @@ def joint_terms(fb: Flow, fc: Flow, want_ntk: bool):
     nngp_pair, cov1_pair, cov2_pair = _pair_variances(k)
 
     def sym(f, g, cov, v1, v2):
-        return (gauss_hermite_2d(f, g, cov, v1, v2, _JOINT_DEGREE)
-                + gauss_hermite_2d(g, f, cov, v1, v2, _JOINT_DEGREE))
+        return (gauss_polar_2d(f, g, cov, v1, v2)
+                + gauss_polar_2d(g, f, cov, v1, v2))
 
     nngp = sym(psi_b, psi_c, k.nngp, *nngp_pair)
     ntk = None if not want_ntk or k.ntk is None else sym(d_b, d_c, k.nngp, *nngp_pair) * k.ntk
@@ -282,8 +317,9 @@ def groups(n: int, pairs) -> list[list[int]]:
 
 def product_terms(group_flows, want_ntk: bool):
     """The moments of the product of several functions of one Gaussian, psi = prod_b psi_b (a `FanInProd` of
-    dependent branches): (nngp, ntk, cov1, cov2, mean1, mean2) by Gauss-Hermite quadrature over the Gaussian."""
-    from smnngp.stax.elementwise import _pair_variances, gauss_hermite_1d, gauss_hermite_2d
+    dependent branches): (nngp, ntk, cov1, cov2, mean1, mean2, chain) by quadrature over the Gaussian (`chain`: psi as
+    a `Flow.chain`)."""
+    from smnngp.stax.elementwise import _pair_variances, gauss_polar_2d, gauss_split_1d
 
     k = group_flows[0].base
     parts = [_composite(f.chain[1]) for f in group_flows]
@@ -293,18 +329,18 @@ def product_terms(group_flows, want_ntk: bool):
 
     d_psi = jnp.vectorize(jax.grad(psi))
     nngp_pair, cov1_pair, cov2_pair = _pair_variances(k)
-    nngp = gauss_hermite_2d(psi, psi, k.nngp, *nngp_pair, _JOINT_DEGREE)
-    ntk = None if not want_ntk or k.ntk is None else gauss_hermite_2d(d_psi, d_psi, k.nngp, *nngp_pair,
-                                                                      _JOINT_DEGREE) * k.ntk
-    cov1 = gauss_hermite_2d(psi, psi, k.cov1, *cov1_pair, _JOINT_DEGREE)
-    cov2 = None if k.cov2 is None else gauss_hermite_2d(psi, psi, k.cov2, *cov2_pair, _JOINT_DEGREE)
+    nngp = gauss_polar_2d(psi, psi, k.nngp, *nngp_pair)
+    ntk = None if not want_ntk or k.ntk is None else gauss_polar_2d(d_psi, d_psi, k.nngp, *nngp_pair) * k.ntk
+    cov1 = gauss_polar_2d(psi, psi, k.cov1, *cov1_pair)
+    cov2 = None if k.cov2 is None else gauss_polar_2d(psi, psi, k.cov2, *cov2_pair)
 
     def var(cov):
         return cov if not k.full or k.spatial_ndim == 0 else _spatial_diagonal(cov, 1)
 
-    mean1 = gauss_hermite_1d(psi, var(k.cov1), _JOINT_DEGREE)
-    mean2 = None if k.cov2 is None else gauss_hermite_1d(psi, var(k.cov2), _JOINT_DEGREE)
-    return nngp, ntk, cov1, cov2, mean1, mean2
+    mean1 = gauss_split_1d(psi, var(k.cov1))
+    mean2 = None if k.cov2 is None else gauss_split_1d(psi, var(k.cov2))
+    # the product is itself a function of the same Gaussian: later activations of it are chains
+    return nngp, ntk, cov1, cov2, mean1, mean2, (group_flows[0].chain[0], (psi,))
 
 
 def _sides(f: Flow):
@@ -367,24 +403,47 @@ def mean_products(flows, ks, layer: str, skip=()):
     return total
 
 
+def _one_source(flows):
+    """``(source, base)`` when every flow is a chain of functions of the same Gaussian, else ``None``."""
+    if not flows or any(f.chain is None for f in flows):
+        return None
+    source = flows[0].chain[0]
+    return (source, flows[0].base) if all(f.chain[0] is source for f in flows) else None
+
+
+def _joined(flows, op):
+    """The chain of ``op`` over the branches' functions of one Gaussian (a sum or product is one more)."""
+    parts = [_composite(f.chain[1]) for f in flows]
+
+    def psi(u):
+        return functools.reduce(op, [p(u) for p in parts])
+
+    return flows[0].chain[0], (psi,)
+
+
 def summed(flows) -> Flow:
-    """The flow of a sum of branches."""
+    """The flow of a sum of branches (a chain when every branch is a function of one Gaussian)."""
     labels = merged_labels(flows)
     nonzero = [f for f in flows if f.status != "zero"]
+    one = _one_source(flows)
+    chain, base = (None, None) if one is None else (_joined(flows, operator.add), one[1])
     if not nonzero:
-        return Flow("zero", labels=labels)
+        return Flow("zero", labels=labels, chain=chain, base=base)
     bad = next((f for f in nonzero if f.status == "unknown"), None)
     if bad is not None:
         return unknown(bad.why, labels)
     m1 = functools.reduce(operator.add, [f.mean1 for f in nonzero])
     has2 = any(f.mean2 is not None for f in nonzero)
     m2 = None if not has2 else functools.reduce(operator.add, [_sides(f)[1] for f in nonzero])
-    return Flow("known", m1, m2, all(f.exchangeable for f in nonzero), labels)
+    return Flow("known", m1, m2, all(f.exchangeable for f in nonzero), labels, chain=chain, base=base)
 
 
 def multiplied(flows) -> Flow:
-    """The flow of an elementwise product of independent branches: the product of their means."""
+    """The flow of an elementwise product of independent branches: the product of their means (one branch: its
+    own flow, as a `FanInProd` leaves a product of functions of one Gaussian)."""
     labels = merged_labels(flows)
+    if len(flows) == 1:
+        return flows[0].with_labels(labels)
     if any(f.status == "zero" for f in flows):
         return Flow("zero", labels=labels)
     bad = next((f for f in flows if f.status == "unknown"), None)

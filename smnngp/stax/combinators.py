@@ -394,10 +394,12 @@ def FanInProd() -> Layer:
                     merged.append(ks[g[0]])
                     merged_flows.append(flows[g[0]])
                     continue
-                nngp_g, ntk_g, cov1_g, cov2_g, m1, m2 = _flow.product_terms([flows[i] for i in g], want_ntk)
-                merged.append(_flow.attach(ks[g[0]].replace(nngp=nngp_g, ntk=ntk_g, cov1=cov1_g, cov2=cov2_g),
-                                           _flow.Flow("known", m1, m2, True, _flow.merged_labels(
-                                               [flows[i] for i in g]))))
+                nngp_g, ntk_g, cov1_g, cov2_g, m1, m2, chain = _flow.product_terms([flows[i] for i in g],
+                                                                                   want_ntk)
+                merged.append(_flow.attach(
+                    ks[g[0]].replace(nngp=nngp_g, ntk=ntk_g, cov1=cov1_g, cov2=cov2_g, is_gaussian=False),
+                    _flow.Flow("known", m1, m2, True, _flow.merged_labels([flows[i] for i in g]), chain=chain,
+                               base=flows[g[0]].base)))
                 merged_flows.append(_flow.of(merged[-1]))
             ks, flows = merged, merged_flows
         data = [i for i, f in enumerate(flows) if not f.exchangeable]

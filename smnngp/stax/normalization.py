@@ -27,6 +27,36 @@ __all__ = ["LayerNorm", "Dropout"]
 # ---------------------------------------------------------------------------
 
 
+def _centred(k: Kernel, var_axes: tuple) -> Kernel:
+    """The kernel of z - mu for activations z with non-zero means m (after an activation): mu is the average of
+    z over the normalised axes, which converges to the average mbar of m over the normalised positions, so
+    E[(z - mbar)(z' - mbar')] = K - mbar m' - m mbar' + mbar mbar' (with the channels alone, mbar = m:
+    K - m m'). The means come from the kernel's flow (`smnngp.stax._flow`); the gradient of mu is negligible in the
+    limit, so the NTK is unchanged."""
+    flow = _flow.of(k)
+    if flow.status == "unknown" or _flow.has_masks(k) or 0 in var_axes:
+        why = ("masked inputs" if _flow.has_masks(k) else "a normalisation over the batch" if 0 in var_axes
+               else f"an input whose mean is unknown ({flow.why})")
+        raise NotImplementedError(
+            f"LayerNorm: the infinite-width kernel of activations with non-zero means is computed from those means; "
+            f"not for {why}. Put an affine layer (Dense, Conv) right before LayerNorm")
+    if flow.status == "zero":
+        return k
+    m1, m2 = _flow._sides(flow)
+
+    def bar(m):
+        return jnp.broadcast_to(jnp.mean(m, axis=var_axes, keepdims=True), m.shape) if var_axes else m
+
+    b1, b2 = bar(m1), bar(m2)
+    prod = _flow._products
+
+    def centre(mat, a1, a2, c1, c2, pairs):
+        return mat - prod(a1, c2, k, pairs) - prod(c1, a2, k, pairs) + prod(a1, a2, k, pairs)
+
+    return k.replace(nngp=centre(k.nngp, b1, b2, m1, m2, True), cov1=centre(k.cov1, b1, b1, m1, m1, False),
+                     cov2=None if k.cov2 is None else centre(k.cov2, b2, b2, m2, m2, False))
+
+
 def _same_position(mat, batch_ndim: int, full: bool):
     """Same-position entries of a batch-diagonal covariance: (N, H, H', W, W') -> (N, H, W) when ``full``."""
     return _spatial_diagonal(mat, batch_ndim) if full else mat
@@ -154,11 +184,6 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
         return (x - mean) / jnp.sqrt(eps + var)
 
     def kernel_map(k: Kernel) -> Kernel:
-        if not k.is_gaussian:
-            raise NotImplementedError(
-                f"{layer}: the infinite-width kernel needs Gaussian (zero-mean) inputs; put an affine layer "
-                f"(Dense, Conv) right before LayerNorm"
-            )
         ndim = len(k.shape1)
         b, c, norm = resolve(ndim)
         if c not in norm:
@@ -170,6 +195,8 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
         # Axes of the same-position variances (N, *spatial) that are averaged: 0 for the batch, 1 + i for the
         # i-th spatial axis (kernels hold the spatial axes in the order of the finite layout).
         var_axes = tuple(([0] if b in norm else []) + [1 + spatial.index(i) for i in norm if i in spatial])
+        if not k.is_gaussian:
+            k = _centred(k, var_axes)
 
         m1, m2 = masking.kernel_masks(k, layer) if masking.has_masks(k) else (None, None)
 
@@ -204,6 +231,15 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
             cov2=None if k.cov2 is None else own(k.cov2, r2),
         )
 
+    def means(flow, k_in, out, name):
+        # centred over the channels alone, every channel has mean zero; over positions too, each position keeps
+        # its offset from the positions' average
+        ndim = len(k_in.shape1)
+        b, c, norm = resolve(ndim)
+        if set(norm) == {c}:
+            return _flow.Flow("zero", labels=flow.labels)
+        return _flow.ZERO_PRESERVING(flow, k_in, out, name)
+
     # Normalising over the batch couples the points of a batch: the kernel of a tile is not a block of the
     # kernel of the whole batch, so the symmetric tiling of x2=None kernels must stay off (symmetric=False).
     symmetric = not any(
@@ -212,7 +248,7 @@ def LayerNorm(axis=-1, eps: float = 1e-12, batch_axis: int = 0, channel_axis: in
         if -nd <= batch_axis < nd and all(-nd <= a < nd for a in axes)
     )
     return Layer(layer, init_fn, apply_fn, shape_fn, kernel_map, lambda full: full, symmetric,
-                 (batch_axis, channel_axis), masking.MaskRule(wants_mask=True), means=_flow.ZERO_PRESERVING)
+                 (batch_axis, channel_axis), masking.MaskRule(wants_mask=True), means=means)
 
 
 # ---------------------------------------------------------------------------
