@@ -451,3 +451,33 @@ def test_posterior_is_a_pytree_usable_under_jit():
     np.testing.assert_allclose(mean, post.predict(x).mean, rtol=1e-12)
     with pytest.raises(AttributeError):
         post.params = None
+
+
+def test_optimal_gaussian_q_at_z_equal_x_is_the_exact_gp_and_refuses_other_models():
+    """Titsias' optimum at Z = X reproduces the exact GP (mean, latent variance, ELBO = log ML, up to the jitter on
+    K_ZZ); an SVTP, a classifier or diagonal factors are refused (their optimum is not this closed form)."""
+    rng = np.random.RandomState(0)
+    x = jnp.asarray(rng.normal(size=(40, 2)))
+    y = jnp.sin(x[:, 0]) + 0.1 * jnp.asarray(rng.normal(size=40))
+    xt = jnp.asarray(rng.normal(size=(7, 2)))
+    kernel = kernels.rbf(1.5, 1.0)
+    model = V.svgp(kernel, V.Gaussian(0.05, trainable=False), x, train_inducing=False, train_kernel=False,
+                   jitter=1e-12)
+    params = V.optimal_gaussian_q(model, V.init(model), x, y)
+    c = np.asarray(kernel(x, x)) + 0.05 * np.eye(40)
+    ks = np.asarray(kernel(xt, x))
+    mean = ks @ np.linalg.solve(c, np.asarray(y))
+    var = 1.0 - np.sum(ks * np.linalg.solve(c, ks.T).T, axis=1)
+    lml = (-0.5 * np.asarray(y) @ np.linalg.solve(c, np.asarray(y)) - 0.5 * np.linalg.slogdet(c)[1]
+           - 20 * np.log(2 * np.pi))
+    pf = V.predict_f(model, params, xt)
+    assert np.max(np.abs(np.asarray(pf.mean[:, 0]) - mean)) < 1e-6
+    assert np.max(np.abs(np.asarray(pf.variance[:, 0]) - var)) < 1e-6
+    assert abs(float(V.elbo(model, params, (x, y))) - lml) < 1e-5 * abs(lml)
+    # not the optimum any more after one more step away from it: the ELBO drops
+    worse = params._replace(q_mean=params.q_mean * 1.01)
+    assert float(V.elbo(model, worse, (x, y))) < float(V.elbo(model, params, (x, y)))
+    for other in (V.svtp(kernel, V.Gaussian(0.05), x), V.svgp(kernel, V.Bernoulli(), x),
+                  V.svgp(kernel, V.Gaussian(0.05), x, q_diag=True)):
+        with pytest.raises(ValueError, match="closed-form optimum"):
+            V.optimal_gaussian_q(other, V.init(other), x, y)

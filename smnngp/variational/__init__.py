@@ -95,6 +95,7 @@ before it in this list.
 from smnngp.variational._likelihoods import Softmax, Bernoulli, Gaussian
 from smnngp.variational._model import Model, Params, svgp, svtp, init
 from smnngp.variational._elbo import scale_posterior, kl_divergence, expected_log_likelihood, elbo
+from smnngp.variational._elbo import optimal_gaussian_q
 from smnngp.variational._predict import predict_f, predict, sample_f
 from smnngp.variational._inducing import stratified_inducing
 from smnngp.variational._posterior import VariationalPosterior, as_posterior
@@ -115,6 +116,7 @@ __all__ = [
     "elbo",
     "kl_divergence",
     "expected_log_likelihood",
+    "optimal_gaussian_q",
     "predict_f",
     "predict",
     "sample_f",

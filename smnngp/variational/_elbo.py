@@ -85,6 +85,46 @@ def _marginals(model, params, x):
     return mean, var
 
 
+def optimal_gaussian_q(model: Model, params: Params, x, y) -> Params:
+    """``params`` with q(v) set to the ELBO's maximiser for a Gaussian likelihood (Titsias 2009, whitened).
+
+    With ``A = L^{-1} K_ZX`` and noise s2 the bound is maximised by ``S S^T = Lambda^{-1}``, ``m_c = Lambda^{-1} A
+    y_c / s2``, ``Lambda = I + A A^T / s2``; the ELBO then equals Titsias' collapsed bound, and at ``Z = X`` (up to the
+    jitter on K_ZZ) the exact GP's log marginal likelihood and posterior. An SVGP's closed-form fit (the sparse GP
+    regression of GPflow's SGPR), and the exact reference its stochastic training can be held against.
+
+    Args:
+        model: an SVGP (`svgp`) with a `Gaussian` likelihood and full (not diagonal) factors.
+        params: its parameters (Z, the kernel and the noise are kept).
+        x: (N, ...) training inputs.
+        y: (N,) or (N, C) targets.
+
+    Returns:
+        :class:`Params` with ``q_mean`` (C, M) and ``q_scale`` (C, M, M) at the optimum.
+
+    Raises:
+        ValueError: for an SVTP, a non-Gaussian likelihood or ``q_diag`` (the optimum is not in those families), or
+            bad ``x`` / ``y``.
+    """
+    if model.kind != "svgp" or not isinstance(model.likelihood, Gaussian) or model.q_diag:
+        raise ValueError("optimal_gaussian_q: the closed-form optimum is that of an SVGP with a Gaussian likelihood "
+                         f"and full factors (got kind={model.kind!r}, likelihood "
+                         f"{type(model.likelihood).__name__}, q_diag={model.q_diag})")
+    x = _check_x(model, x)
+    y = model.likelihood.check_targets(y, x.shape[0])
+    s2 = Gaussian.variance(params.likelihood)
+    A, _ = _projection(model, params, x)
+    m = A.shape[0]
+    lam = jnp.eye(m, dtype=A.dtype) + (A @ A.T) / s2
+    chol = jnp.linalg.cholesky(lam)
+    cov = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(m, dtype=A.dtype))
+    factor = jnp.linalg.cholesky((cov + cov.T) / 2)
+    mean = jax.scipy.linalg.cho_solve((chol, True), A @ y / s2)  # (M, C)
+    C = y.shape[1]
+    return params._replace(q_mean=mean.T.astype(params.q_mean.dtype),
+                           q_scale=jnp.broadcast_to(factor, (C, m, m)).astype(params.q_scale.dtype))
+
+
 def kl_divergence(model: Model, params: Params):
     """KL(q || p) of the whitened inducing variables (and of sigma^2 for the SVTP); module docstring.
 
