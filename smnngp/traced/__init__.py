@@ -13,7 +13,7 @@ What it reads (see docs/traced.md, "The kernel of your own model"):
   layer's scale); a random bias leaf added: ``+ b_std**2``;
 * chains of entrywise primitives on one Gaussian pre-activation: an activation, in closed form when the chain is
   one the engine knows (ReLU and its (a, b) family, leaky ReLU, abs, erf, exact GELU, sin, exp, sign), by
-  bivariate Gauss-Hermite quadrature otherwise;
+  polar quadrature split where either argument is 0 otherwise (`smnngp.stax.elementwise.gauss_polar_2d`);
 * ``conv_general_dilated`` with a random filter (any layout, any number of spatial axes, 'SAME' or 'VALID'):
   a convolutional layer; ``reduce_window_sum`` pooling, flattening and means over every spatial axis: the stax
   pooling, ``Flatten`` and global pooling maps of the kernel's spatial structure;
@@ -27,7 +27,7 @@ What it reads (see docs/traced.md, "The kernel of your own model"):
 
 Anything else (batch statistics, control flow, an unsupported primitive) raises `TracedError` naming the
 primitive, the line of the user's code and why. Nothing is silently approximated: quadrature is used only for
-chains without a closed form, and the returned ``kernel_fn`` says so (``kernel_fn.quadrature``).
+chains without a closed form, and the returned ``kernel_fn`` says so (``kernel_fn.activations``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
             must be named.
         example_input: an input (or a ``jax.ShapeDtypeStruct``) to trace and check the program with now, so that
             an unsupported construction is reported here rather than at the first kernel evaluation.
-        quadrature_degree: Gauss-Hermite nodes per dimension for activations without a closed form.
+        quadrature_degree: the accuracy of the quadrature of activations without a closed form: the polar rule's
+            nodes are ``max(16, d // 2)`` per arc of angle and ``max(48, d + 16)`` on the ray, the means' ``4``
+            times the latter (`smnngp.traced._activations.quadrature_nodes`).
         name: the network's name in messages (default: ``apply_fn``'s).
 
     Returns:
@@ -201,7 +203,7 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
 
     def activations(input_shape, dtype=None) -> list[tuple[str, str]]:
         """``[(source line, activation), ...]``: how each activation chain of the program was read at inputs of
-        ``input_shape`` (a stax closed form such as ``'Relu'``, or ``'ElementwiseNumerical(...)'`` for
+        ``input_shape`` (a stax closed form such as ``'Relu'``, or ``'Quadrature(...)'`` for
         quadrature)."""
         dtype_name = jnp.dtype(dtype or jnp.result_type(float)).name
         _, interp, _ = program_for(tuple(int(s) for s in input_shape), dtype_name)

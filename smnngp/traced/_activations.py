@@ -5,9 +5,10 @@ Gaussian pre-activation. It is compared, by value at `PROBES` points spread over
 zero, both signs, and a few random ones), with the families whose kernels `smnngp.stax` has in closed form; the
 parameters of a family are read off a few values of the chain and then every probe must agree to a tolerance of
 a few hundred units in the last place of the trace's floating-point type. A chain that matches no family gets
-bivariate Gauss-Hermite quadrature (`smnngp.stax.ElementwiseNumerical`), its NTK through ``jax.grad`` of the
-chain. Each match also carries the closed form of ``E[phi(u)]`` and ``E[phi'(u)]`` for u ~ N(0, v), which
-layer normalisation and cross moments need; without one, those are computed by one-dimensional quadrature.
+`quadrature_layer`: the polar rule `smnngp.stax.elementwise.gauss_polar_2d` (split where either argument is 0, so
+spectral for kinks and jumps at 0), its NTK through ``jax.grad`` of the chain. Each match also carries the closed
+form of ``E[phi(u)]`` and ``E[phi'(u)]`` for u ~ N(0, v), which layer normalisation and cross moments need;
+without one, those are computed by one-dimensional quadrature split at 0 (`gauss_split_1d`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,37 @@ import numpy as np
 from jax.scipy.special import erf
 
 from smnngp import stax
+from smnngp.stax.elementwise import _activation, gauss_polar_2d, gauss_split_1d
+
+
+def quadrature_nodes(deg: int) -> tuple[int, int, int]:
+    """``(n_theta, n_r, n_1d)`` for ``quadrature_degree=deg``: Gauss-Legendre nodes on each of the polar rule's four
+    arcs of angle and on its ray, at least 16 and 48 (the default 32 gives those) and growing with ``deg``
+    (``deg // 2``, ``deg + 16``); and the one-dimensional rule's, ``4 n_r`` (means cost one node per point, and a
+    centred covariance E[phi phi'] - E[phi] E[phi'] keeps their errors whole)."""
+    n_r = max(48, int(deg) + 16)
+    return max(16, int(deg) // 2), n_r, 4 * n_r
+
+
+def quadrature_layer(fn: Callable, deg: int):
+    """The activation ``fn`` (no closed form) integrated by the polar rule with `quadrature_nodes` ``(deg)``: the
+    NNGP E[fn(u) fn(v)], the NTK's E[fn'(u) fn'(v)] (``jax.grad`` of ``fn``), the variances E[fn(u)^2] (the same
+    rule at correlation 1, so that they are the NNGP's diagonal) and the mean E[fn(u)] by the one-dimensional rule
+    split at 0. Not symmetric in (x1, x2) to rounding (the rule is not)."""
+    n_theta, n_r, n_1d = quadrature_nodes(deg)
+    dfn = jnp.vectorize(jax.grad(fn))
+
+    def moments(c, v1, v2, want_dot):
+        val = gauss_polar_2d(fn, fn, c, v1, v2, n_theta, n_r)
+        dot = gauss_polar_2d(dfn, dfn, c, v1, v2, n_theta, n_r) if want_dot else None
+        return val, dot
+
+    def mean(v):
+        return gauss_split_1d(fn, v, n_1d)
+
+    name = getattr(fn, "__name__", "fn")
+    return _activation(f"Quadrature({name}, n_theta={n_theta}, n_r={n_r})", fn, moments, symmetric=False,
+                       mean=mean)
 
 
 def _probe_points() -> np.ndarray:
@@ -137,7 +169,7 @@ def _candidates(fn, dtype, snap: bool):
 def recognise(fn: Callable, dtype, deg: int):
     """``(layer, mean, mean_dot, closed)`` for the chain ``fn``: a stax activation (``.kernel_map``,
     ``.moments``), closed forms of E[phi(u)] and E[phi'(u)] as functions of the variance v (or None), and
-    whether the layer is a closed form (False: quadrature with ``deg`` nodes)."""
+    whether the layer is a closed form (False: `quadrature_layer` ``(fn, deg)``)."""
     with jax.ensure_compile_time_eval():  # concrete values even while kernel_fn is being traced
         got = _values(fn, PROBES, dtype)
         if got is not None and np.all(np.isfinite(got)):
@@ -145,4 +177,4 @@ def recognise(fn: Callable, dtype, deg: int):
                 for layer, mean, mean_dot, ref in _candidates(fn, dtype, snap):  # 0.9999999999999999)
                     if _agrees(got, ref, dtype):
                         return layer, mean, mean_dot, True
-    return stax.ElementwiseNumerical(fn, deg), None, None, False
+    return quadrature_layer(fn, deg), None, None, False

@@ -10,7 +10,8 @@ over pairs of terms, of their coefficients times the terms' moments, each comput
 * a bias with itself: its variance (the NTK: its variance under ``'ntk'``, 1 under ``'standard'``);
 * ``phi(g)`` with ``psi(h)``: the bivariate Gaussian expectation over (g(x1), h(x2)) — the activation's closed
   form (for ``phi(g)`` with itself, the stax layer's own map, the same program as a stax network), the two
-  functions' quadrature otherwise; NTK ``E[phi'(g) psi'(h)] Theta(g, h)``;
+  functions' polar quadrature otherwise (`gauss_polar_2d`, split where either is 0); NTK
+  ``E[phi'(g) psi'(h)] Theta(g, h)``;
 * ``phi(g)`` with a Gaussian ``a``: Stein's lemma, ``E[phi'(g)] Cov(g, a)``;
 * the all-ones vector with ``phi(g)``: ``E[phi(g)]``; with a Gaussian: zero;
 * a linear spatial map (pooling, flattening) of ``a`` with the same map of ``b``: the stax layer's kernel map of
@@ -28,8 +29,8 @@ import jax.numpy as jnp
 from smnngp.kernels import Kernel
 from smnngp.stax.attention import _sandwich as sandwich
 from smnngp.stax.attention import _sandwich_diag as sandwich_diag
-from smnngp.stax.elementwise import gauss_hermite_1d, gauss_hermite_2d
-from smnngp.traced._activations import recognise
+from smnngp.stax.elementwise import gauss_polar_2d, gauss_split_1d
+from smnngp.traced._activations import quadrature_nodes, recognise
 from smnngp.traced._errors import TracedError
 from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Mapped, Mixed, Nonlin, Ones, PerEx
 
@@ -50,6 +51,7 @@ class Moments:
         self.report = report
         self.k0 = k0
         self.deg = deg
+        self.nodes = quadrature_nodes(deg)  # (n_theta, n_r, n_1d): the polar and 1-d rules' nodes (no closed form)
         self.memo: dict = {}
         self.keep: list = []  # memo keys are ids: keep their objects alive
         self.want_ntk = k0.ntk is not None
@@ -224,12 +226,18 @@ class Moments:
                             None if self.x2_is_x1 else m2, 1, False)
 
     # -- activations --------------------------------------------------------------------------------------
-    def activation(self, nl: Nonlin):
+    def recognition(self, nl: Nonlin):
+        """How the chain of ``nl`` is read (`recognise`, memoised), without reporting it as an activation."""
         key = (nl.origin, jnp.dtype(self.dtype).name)
         if key not in self.recognised:
             self.recognised[key] = recognise(nl.fn, self.dtype, self.deg)
-            self.report[nl.origin] = (nl.where, self.recognised[key][0].name)
         return self.recognised[key]
+
+    def activation(self, nl: Nonlin):
+        """`recognition`, reported in ``kernel_fn.activations``: the chain's kernel or moments are used."""
+        found = self.recognition(nl)
+        self.report.setdefault(nl.origin, (nl.where, found[0].name))
+        return found
 
     def variances(self, g: Field):
         k = self.field_or_zero(g, g)
@@ -237,14 +245,16 @@ class Moments:
 
     def mean(self, nl: Nonlin):
         """E[phi(g)] over the points of x1 and of x2."""
-        _, mean, _, _ = self.activation(nl)
-        if mean is None and nl.prod is not None:  # the mean of a product of fields is their second moment
-            k = self.field_or_zero(*nl.prod)
+        _, mean, _, _ = self.recognition(nl)
+        if mean is None and nl.prod is not None:  # the mean of a product of fields is their second moment (exact:
+            k = self.field_or_zero(*nl.prod)     # no activation read, ``mean(h ** 2)`` in a layer norm)
             return k.cov1, (k.cov1 if self.x2_is_x1 else k.cov2)
+        self.activation(nl)
         v1, v2, _ = self.variances(nl.base)
         if mean is not None:
             return mean(v1), mean(v2)
-        return gauss_hermite_1d(nl.fn, v1, self.deg), gauss_hermite_1d(nl.fn, v2, self.deg)
+        n = self.nodes[2]
+        return gauss_split_1d(nl.fn, v1, n), gauss_split_1d(nl.fn, v2, n)
 
     def mean_dot(self, nl: Nonlin):
         """E[phi'(g)] over the points of x1 and of x2."""
@@ -253,7 +263,8 @@ class Moments:
         if mean_dot is not None:
             return mean_dot(v1), mean_dot(v2)
         dfn = jnp.vectorize(jax.grad(nl.fn))
-        return gauss_hermite_1d(dfn, v1, self.deg), gauss_hermite_1d(dfn, v2, self.deg)
+        n = self.nodes[2]
+        return gauss_split_1d(dfn, v1, n), gauss_split_1d(dfn, v2, n)
 
     def _stein(self, nl: Nonlin, atom, first: bool) -> Kernel | None:
         atom_field = nl.base.like(((atom, 1.0),))
@@ -293,13 +304,18 @@ class Moments:
         else:
             self.symmetric = False
             fa, fb = t.fn, u.fn
-            nngp = gauss_hermite_2d(fa, fb, cross.nngp, g1[:, None], h2[None, :], self.deg)
+            n_theta, n_r, _ = self.nodes
+
+            def quad(f1, f2, c, v1, v2):
+                return gauss_polar_2d(f1, f2, c, v1, v2, n_theta, n_r)
+
+            nngp = quad(fa, fb, cross.nngp, g1[:, None], h2[None, :])
             dot = None
             if self.want_ntk:
                 da, db = jnp.vectorize(jax.grad(fa)), jnp.vectorize(jax.grad(fb))
-                dot = gauss_hermite_2d(da, db, cross.nngp, g1[:, None], h2[None, :], self.deg)
-            cov1 = gauss_hermite_2d(fa, fb, c1, g1, h1, self.deg)
-            cov2 = None if self.x2_is_x1 else gauss_hermite_2d(fa, fb, c2, g2, h2, self.deg)
+                dot = quad(da, db, cross.nngp, g1[:, None], h2[None, :])
+            cov1 = quad(fa, fb, c1, g1, h1)
+            cov2 = None if self.x2_is_x1 else quad(fa, fb, c2, g2, h2)
         ntk = None if not self.want_ntk else dot * cross.ntk
         return self._kernel(nngp, ntk, cov1, cov2, t.base.width, False)
 
