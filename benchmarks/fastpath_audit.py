@@ -44,26 +44,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, write_results  # noqa: E402
+from _common import pointwise_relative_error as _max_rel  # noqa: E402
+from _common import scale_relative_error as _scale_rel  # noqa: E402
 
 NOISE = 0.01
 # stated tolerances: relative error per output (log ML: relative, or within 4 reported standard errors)
 TOL = {"mean": 1e-4, "variance": 1e-3, "variance-mixed": 1e-6, "mean-mixed": 1e-6,
        "log_ml-mixed": 1e-8, "gradient": 0.1, "samples": 1e-3, "svgp": 1e-5}
-
-
-def _max_rel(fast, exact):
-    import numpy as np
-
-    fast, exact = np.asarray(fast, float), np.asarray(exact, float)
-    return float(np.max(np.abs(fast - exact) / np.maximum(np.abs(exact), 1e-300)))
-
-
-def _scale_rel(fast, exact):
-    """``max |fast - exact| / max |exact|``: the error of a quantity that crosses zero, relative to its scale."""
-    import numpy as np
-
-    fast, exact = np.asarray(fast, float), np.asarray(exact, float)
-    return float(np.max(np.abs(fast - exact)) / max(float(np.max(np.abs(exact))), 1e-300))
 
 
 def _in_stds(fast, exact, variance):

@@ -17,6 +17,13 @@ and exports it (StableHLO, `jax.experimental.export`), and this process lowers, 
 (the same program compiled by jaxlib 0.4.23 and by ours) from what our program costs (ours and nt's on one
 compiler); its trace column is nt's trace in its own environment. RESULTS §1 quotes its figures; run it at two
 commits to compare them.
+
+Check before timing (issue 49): each row's kernels (NNGP and NTK, from its compiled program) are compared with the
+exact reference of the same run, our ``kernel_fn(x, x)`` (``x2`` passed: the general path, which neither the
+symmetric tiling nor the ``x2=None`` shortcuts take), as ``max |row - ref| / max |ref|`` over all entries and off
+the diagonal (`kernels.relative_error`: at coincident points the ReLU arc-cosine kernel's square-root singularity
+turns last-bit differences into ~1e-8 in the NTK). A row above the tolerances ``TOL`` prints ``WRONG (err ...)``
+instead of its timings.
 """
 
 from __future__ import annotations
@@ -31,9 +38,28 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import worker_setup  # noqa: E402
-from kernels import CASES, PATTERN_CASES, ROOT, build, make_inputs, worker_env  # noqa: E402
+from _common import check, worker_setup, wrong_text  # noqa: E402
+from kernels import CASES, PATTERN_CASES, ROOT, build, make_inputs, relative_error, worker_env  # noqa: E402
+
+# stated tolerances, max |row - ref| / max |ref|: over all entries (the ReLU diagonal: ~1e-8 measured) and off the
+# diagonal (float64 rounding)
+TOL = {"nngp": 1e-6, "ntk": 1e-6, "nngp_off_diagonal": 1e-10, "ntk_off_diagonal": 1e-10}
+
+
+def kernel_check(kernels, ref) -> dict:
+    """`_common.check` of ``(nngp, ntk)`` against the reference ``(nngp, ntk)``."""
+    import numpy as np
+
+    errors = {}
+    for f, a, b in zip(("nngp", "ntk"), kernels, ref):
+        a, b = np.asarray(a, float), np.asarray(b, float)
+        e = relative_error(a, b) if a.shape == b.shape and np.all(np.isfinite(a)) else \
+            {"all": float("inf"), "off_diagonal": float("inf")}
+        errors[f], errors[f + "_off_diagonal"] = e["all"], e["off_diagonal"]
+    return check(errors, TOL, "our kernel_fn(x, x) (x2 passed: the general path), same inputs")
 
 
 def timed_first_call(fn, args):
@@ -102,8 +128,9 @@ def time_export(name: str, out_dir: str, steady: int) -> None:
     times = []
     for _ in range(steady):
         start = time.perf_counter()
-        jax.block_until_ready(exe(*args))
+        out = jax.block_until_ready(exe(*args))
         times.append(time.perf_counter() - start)
+    np.savez(Path(out_dir, name + ".out.npz"), nngp=np.asarray(out[0]), ntk=np.asarray(out[1]))
     own = json.loads(Path(out_dir, name + ".own.json").read_text())
     print(json.dumps({"phases": (own["trace"], trace + lower, comp, first), "steady": times, "own": own,
                       "ops": sum(" = " in line for line in exe.as_text().splitlines())}))
@@ -174,7 +201,7 @@ def main(argv=None) -> None:
     if args.nt_program:
         export_programs(names, tmp.name)
     print(f"{'case':18s} {'variant':8s} {'trace':>7s} {'lower':>7s} {'compile':>8s} {'1st run':>8s} "
-          f"{'best':>8s} {'median':>8s} {'HLO ops':>8s}")
+          f"{'best':>8s} {'median':>8s} {'HLO ops':>8s} {'err':>9s} {'err off':>9s}")
     for name in names:
         x = jnp.asarray(inputs[name], jnp.float64)
         kw = {}
@@ -194,28 +221,43 @@ def main(argv=None) -> None:
             compiled[variant] = exe
             rows[variant] = {"phases": phases, "ops": ops, "steady": []}
         _core._SYMMETRIC_MIN_ENTRIES = tiled_threshold
+        outputs = {}
         for _ in range(args.steady):
             for variant, exe in compiled.items():
                 start = time.perf_counter()
-                jax.block_until_ready(exe(x, kw))
+                outputs[variant] = jax.block_until_ready(exe(x, kw))
                 rows[variant]["steady"].append(time.perf_counter() - start)
+        reference = jax.jit(lambda a, k: build(stax, name)[2](a, a, ("nngp", "ntk"), **k))(x, kw)
+        reference = (np.asarray(reference.nngp), np.asarray(reference.ntk))
+        for variant, out in outputs.items():
+            rows[variant]["check"] = kernel_check((out.nngp, out.ntk), reference)
         own = None
         if args.nt_program:
             row = nt_program_row(name, tmp.name, args.steady)
             if isinstance(row, str):
                 print(f"{CASES[name][0]:18s} {'nt prog':8s} {row}")
             else:
+                with np.load(Path(tmp.name, name + ".out.npz")) as nt_out:
+                    row["check"] = kernel_check((nt_out["nngp"], nt_out["ntk"]), reference)
                 rows["nt prog"], own = row, row["own"]
         for variant, row in rows.items():
+            if not row["check"]["ok"]:  # the timing of a wrong answer is no timing of this computation
+                print(f"{CASES[name][0]:18s} {variant:8s} {wrong_text(row['check'])}")
+                continue
             steady = sorted(row["steady"])
             trace, lower, comp, first = row["phases"]
             phases = f"{trace:7.3f} {lower:7.3f} {comp:8.3f} {first:8.3f}"
+            errs = row["check"]["errors"]
+            err_all = max(errs["nngp"], errs["ntk"])
+            err_off = max(errs["nngp_off_diagonal"], errs["ntk_off_diagonal"])
             print(f"{CASES[name][0]:18s} {variant:8s} {phases} {steady[0]:8.4f} {steady[len(steady) // 2]:8.4f} "
-                  f"{row['ops']:8d}")
+                  f"{row['ops']:8d} {err_all:9.1e} {err_off:9.1e}")
         if own is not None:
             print(f"{CASES[name][0]:18s} {'nt own':8s} {own['trace']:7.3f} {'':7s} {own['compile']:8.3f} "
                   f"{own['first']:8.3f}")
-    print("seconds; trace / lower / compile / 1st run: the phases of a first call; best / median: later calls")
+    print("seconds; trace / lower / compile / 1st run: the phases of a first call; best / median: later calls; "
+          "err (off): max |kernel - ref| / max |ref| over the NNGP and NTK (off the diagonal) against our "
+          f"kernel_fn(x, x), tolerance {TOL['ntk']:.0e} ({TOL['ntk_off_diagonal']:.0e})")
     if args.nt_program:
         print("nt prog: neural-tangents' program compiled and run by this JAX, in a child process (its trace column is "
               "nt's trace + lowering in its own environment, its lower column the lowering of the import here); "

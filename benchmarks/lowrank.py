@@ -24,6 +24,14 @@ the time per step is the best of ``--rounds`` (PyTorch and XLA each use all core
 * LSTM (the PM2.5 model: 2 layers, H = 64, 24 steps, 15 features, batch 64, ranks 14 / 20): weights drawn once per
   sequence against fresh weights at every time step.
 
+Check before timing (issue 49): every model of ours is checked before it is timed: its compiled step, from the
+initial weights with the first step's key, against the same step run op by op (``jax.disable_jit``: no XLA
+fusion or reordering; the exact reference of this run): the loss, its gradient and the updated weights, each as
+``max |step - ref| / max |ref|`` per array (the largest over the arrays) against ``TOL`` (float32 rounding). A row
+above it prints ``WRONG (err ...)`` in place of its time, and every ratio involving it too. bayesian-torch's step
+is not checked (its weights and draws are its own, so no value of ours is its reference), and when bayesian-torch
+is not installed (``--skip-torch``) the torch rows are absent and our rows are still checked.
+
 Prints a table and writes ``benchmarks/results/lowrank.json`` (``--quick``: smaller sizes, targets not judged).
 """
 
@@ -36,12 +44,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import write_results  # noqa: E402
+from _common import check, ratio_text, scale_relative_error, tree_scale_relative_error, write_results  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "lowrank.json"
 RESULTS_QUICK = ROOT / "benchmarks" / "results" / "lowrank-quick.json"
 N_TRAIN, BATCH, LR = 50_000, 128, 1e-3
+# stated tolerances (float32): compiled step against the op-by-op step, relative to each array's scale
+# (weights: Adam's first step moves each weight by about lr * sign(g), so a gradient entry near 0 whose sign
+# rounds the other way moves it by 2 lr: 5e-3 of the weights' scale allows that, not a wrong gradient)
+TOL = {"loss": 1e-5, "gradient": 1e-3, "params": 5e-3}
 
 
 def _best_per_step(step, n: int, rounds: int) -> float:
@@ -56,17 +68,31 @@ def _best_per_step(step, n: int, rounds: int) -> float:
 
 def _training_steps(loss_fn, params, opt, key):
     """``run(n)``: n jitted Adam steps on ``loss_fn(params, key_t)`` with a fresh key per step, continuing from
-    the previous call (returns when the last step is done)."""
+    the previous call (returns when the last step is done); ``run.check()``: the check of the compiled step
+    against the same step op by op (module docstring), from the initial weights with the first step's key."""
     import jax
     import optax
 
-    @jax.jit
-    def step(p, s, k):
+    def step_impl(p, s, k):
         loss, g = jax.value_and_grad(loss_fn)(p, k)
         upd, s = opt.update(g, s, p)
-        return optax.apply_updates(p, upd), s, loss
+        return optax.apply_updates(p, upd), s, loss, g
+
+    compiled = jax.jit(step_impl)
+
+    def step(p, s, k):
+        return compiled(p, s, k)[:3]
 
     state = {"p": params, "s": opt.init(params), "i": 0}
+
+    def check_step():
+        args = (params, opt.init(params), jax.random.fold_in(key, 1))
+        out = jax.block_until_ready(compiled(*args))
+        with jax.disable_jit():
+            ref = jax.block_until_ready(step_impl(*args))
+        errors = {"loss": scale_relative_error(out[2], ref[2]), "gradient": tree_scale_relative_error(out[3], ref[3]),
+                  "params": tree_scale_relative_error(out[0], ref[0])}
+        return check(errors, TOL, "the same step op by op (jax.disable_jit), same weights and key")
 
     def run(n):
         p, s = state["p"], state["s"]
@@ -76,6 +102,7 @@ def _training_steps(loss_fn, params, opt, key):
         jax.block_until_ready(loss)
         state["p"], state["s"] = p, s
 
+    run.check = check_step
     return run
 
 
@@ -164,6 +191,14 @@ def ours_lstm_step(resample: bool, batch: int = 64, T: int = 24):
     return _training_steps(loss_fn, params, opt, key)
 
 
+def _time_text(row: dict, unit: bool = True) -> str:
+    """The row's time per step in ms, or ``WRONG (err ...)`` when its check failed."""
+    c = row.get("check")
+    if c is not None and not c["ok"]:
+        return ratio_text(None, c)
+    return f"{1e3 * row['step_s']:.2f}" + (" ms/step" if unit else "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -177,8 +212,9 @@ def main(argv=None) -> int:
     res: dict = {}
     for kind in ("deterministic", "bbb", "lowrank"):
         run, count = ours_mlp_step(sizes, kind, ranks)
-        res[f"ours_{kind}"] = {"step_s": _best_per_step(run, n, rounds), "params": count}
-        print(f"ours {kind}: {1e3 * res[f'ours_{kind}']['step_s']:.2f} ms/step, {count:,} parameters", flush=True)
+        c = run.check()
+        res[f"ours_{kind}"] = {"step_s": _best_per_step(run, n, rounds), "params": count, "check": c}
+        print(f"ours {kind}: {_time_text(res[f'ours_{kind}'])}, {count:,} parameters", flush=True)
     if not args.skip_torch:
         import torch
 
@@ -188,10 +224,13 @@ def main(argv=None) -> int:
         print(f"bayesian-torch BBB: {1e3 * res['torch_bbb']['step_s']:.2f} ms/step, {count:,} parameters", flush=True)
     for resample in (False, True):
         name = "lstm_resample_per_step" if resample else "lstm_once_per_sequence"
-        res[name] = {"step_s": _best_per_step(ours_lstm_step(resample, 16 if args.quick else 64), n, rounds)}
-        print(f"{name}: {1e3 * res[name]['step_s']:.2f} ms/step", flush=True)
+        run = ours_lstm_step(resample, 16 if args.quick else 64)
+        c = run.check()
+        res[name] = {"step_s": _best_per_step(run, n, rounds), "check": c}
+        print(f"{name}: {_time_text(res[name])}", flush=True)
 
     t = {k: v["step_s"] for k, v in res.items()}
+    ck = {k: v.get("check") for k, v in res.items()}
     ratios = {
         "bbb_over_lowrank": (t["ours_bbb"] / t["ours_lowrank"], ">= 5", t["ours_bbb"] / t["ours_lowrank"] >= 5),
         "lowrank_over_deterministic": (t["ours_lowrank"] / t["ours_deterministic"], "<= 2",
@@ -203,16 +242,28 @@ def main(argv=None) -> int:
         ratios["ours_lowrank_over_torch_bbb"] = (t["ours_lowrank"] / t["torch_bbb"], "<= 0.2",
                                                  t["ours_lowrank"] / t["torch_bbb"] <= 0.2)
     ratios["lstm_resample_over_once"] = (t["lstm_resample_per_step"] / t["lstm_once_per_sequence"], "", None)
-    print("\n| model | ms/step | parameters |\n|---|---|---|")
+    rows_of = {"bbb_over_lowrank": ("ours_bbb", "ours_lowrank"),
+               "lowrank_over_deterministic": ("ours_lowrank", "ours_deterministic"),
+               "ours_bbb_over_torch_bbb": ("ours_bbb", "torch_bbb"),
+               "ours_lowrank_over_torch_bbb": ("ours_lowrank", "torch_bbb"),
+               "lstm_resample_over_once": ("lstm_resample_per_step", "lstm_once_per_sequence")}
+    print("\n| model | ms/step | parameters | check: loss, gradient, weights (tol) |\n|---|---|---|---|")
     for k, v in res.items():
-        print(f"| {k} | {1e3 * v['step_s']:.2f} | {v.get('params', '')} |")
+        c = v.get("check")
+        cell = "not checked" if c is None else ", ".join(f"{e:.1e}" for e in c["errors"].values()) + \
+            f" ({', '.join(f'{x:.0e}' for x in c['tolerances'].values())})"
+        print(f"| {k} | {_time_text(v, unit=False)} | {v.get('params', '')} | {cell} |")
     print("\n| ratio | value | target |\n|---|---|---|")
+    judged = {}
     for k, (v, target, ok) in ratios.items():
-        mark = "" if args.quick or ok is None else (" ✓" if ok else " ✗")
-        print(f"| {k} | {v:.3f} | {target}{mark} |")
+        checks = [ck.get(r) for r in rows_of[k]]
+        right = all(c is None or c["ok"] for c in checks)
+        mark = "" if args.quick or ok is None or not right else (" ✓" if ok else " ✗")
+        print(f"| {k} | {ratio_text(v, *checks, fmt='{:.3f}')} | {target}{mark} |")
+        judged[k] = {"value": v if right else None, "target": target, "met": ok if right else None}
     write_results(RESULTS_QUICK if args.quick else RESULTS,
-                  {"quick": args.quick, "sizes": sizes, "ranks": ranks, "batch": BATCH, "results": res,
-                   "ratios": {k: {"value": v, "target": tg, "met": ok} for k, (v, tg, ok) in ratios.items()}})
+                  {"quick": args.quick, "sizes": sizes, "ranks": ranks, "batch": BATCH, "tolerances": TOL,
+                   "results": res, "ratios": judged})
     return 0
 
 

@@ -25,6 +25,17 @@ every 200, 4,400 iterations; the first split compiles, the second reuses the
 programs as the experiment's later splits do), and the projection to the
 section-4 protocol (4 data sets x 20 splits; BNN from the ``full`` iteration
 time). Writes ``benchmarks/results/masked.json``.
+
+Check before timing (issue 49): the first timed call of each case (key ``PRNGKey(10)``) is compared with the exact
+reference of the same run: the same iteration (state, key, blocks) with the likelihood evaluated by the slow
+full-width path (``step_chains(..., reference=True)``: the network applied to the scattered parameters). The
+compacted iteration is not compared with ``full_sparse`` itself: with the same key the two draw momenta of
+different sizes, so they are equal in law, not draw by draw (their weights differ by about as much as one
+iteration moves them); for the same reason the width-40 runs (compacted and full width) are not compared draw by
+draw and carry no check of their own (their ratio is of two runs equal in law). Each row
+records the errors (``checks``) of the new weights, noise variance and log-likelihood (largest difference over
+their scale) and of the masks (entries that differ) against ``TOL`` (float32: rounding only); a ratio whose rows
+are not all within it prints ``WRONG (err ...)`` instead.
 """
 
 from __future__ import annotations
@@ -39,24 +50,55 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import check, check_text, ratio_text, scale_relative_error, tree_scale_relative_error  # noqa: E402
+
+# stated tolerances (float32; one iteration of 20 leapfrog steps and 10 mask moves): weights, noise variance and
+# log-likelihood relative to their scale; masks: entries that differ (none may)
+TOL = {"params": 1e-3, "sigma2": 1e-4, "loglik": 1e-4, "masks": 0}
+
+
+def _iteration_check(out, ref, reference: str) -> dict:
+    """`_common.check` of one iteration's ``(states, info)`` against the reference iteration's."""
+    import numpy as np
+
+    (s, info), (r, rinfo) = out, ref
+    errors = {"params": tree_scale_relative_error(s.params, r.params),
+              "sigma2": scale_relative_error(s.sigma2, r.sigma2),
+              "loglik": scale_relative_error(info.loglik, rinfo.loglik),
+              "masks": float(sum(np.sum(np.asarray(a) != np.asarray(b)) for a, b in zip(s.masks, r.masks)))}
+    return check(errors, TOL, reference)
+
+
+def _reference_iteration(sampler, state, buckets):
+    """The iteration of `_iteration_time`'s first timed call (same key, state and blocks), with the likelihood
+    evaluated by the full-width reference path (the network applied to the scattered parameters)."""
+    import jax
+
+    return jax.block_until_ready(sampler.step_chains(jax.random.split(jax.random.PRNGKey(10), 1), state, False,
+                                                     buckets, False, reference=True))
 
 
 def _iteration_time(sampler, state, buckets, reps):
+    """``(best seconds, (states, info) of the first timed call)``: the output is what the row's check compares."""
     import jax
 
     keys = jax.random.split(jax.random.PRNGKey(1), 1)
     jax.block_until_ready(sampler.step_chains(keys, state, False, buckets, False))  # compile
-    best = float("inf")
+    best, first = float("inf"), None
     for r in range(reps):
         t = time.perf_counter()
-        jax.block_until_ready(sampler.step_chains(jax.random.split(jax.random.PRNGKey(10 + r), 1), state, False,
-                                                  buckets, False))
+        out = jax.block_until_ready(sampler.step_chains(jax.random.split(jax.random.PRNGKey(10 + r), 1), state,
+                                                        False, buckets, False))
         best = min(best, time.perf_counter() - t)
-    return best
+        first = out if first is None else first
+    return best, first
 
 
 def _narrow_run_seconds(x, y):
-    """Wall seconds, compilation included, of a width-40 run compacted and at full width (same draws)."""
+    """Wall seconds, compilation included, of a width-40 run compacted and at full width (same keys), and its check:
+    ``None``, as the two runs are equal in law, not draw by draw (momenta of different sizes); the compacted
+    iteration itself is checked against the reference path in the main cases."""
     import jax
     import numpy as np
 
@@ -72,7 +114,7 @@ def _narrow_run_seconds(x, y):
                      thinning=4, compact=compact, progress=False)
         jax.block_until_ready(res.draws["sigma2"])
         out[name] = time.perf_counter() - t
-    return out
+    return out, None
 
 
 def main(argv=None):
@@ -99,36 +141,55 @@ def main(argv=None):
     x = rng.uniform(0, 1, (n, d))
     y = 5 * np.sin(x @ rng.normal(size=d)) + rng.normal(size=n)
     if args.narrow_only:
-        narrow = _narrow_run_seconds(x, y)
-        _print_narrow(narrow)
+        narrow, verdict = _narrow_run_seconds(x, y)
+        _print_narrow(narrow, verdict)
         out = dict(commit=git_commit(str(ROOT)), machine=platform.machine(), cpus=os.cpu_count(),
-                   jax=jax.__version__, n=n, seconds=narrow)
+                   jax=jax.__version__, n=n, seconds=narrow, checks={"narrow_compact": verdict})
         _write(out, "masked-narrow.json")
         return
     net = masked_mlp(d, (phys, phys), (act, act))
     model = MaskedBNN(net, x, y, prior_scale=1.0, lam=0.1, sigma2_prior=(1.0, float(np.std(y))))
     sampler = mbnn_sampler(model)
     state = jax.vmap(sampler.init)(jax.random.split(jax.random.PRNGKey(0), 1))
+    # a post-burn-in iteration uses the averaged step size; the initial state's average (log 0 = step 1) makes every
+    # trajectory diverge and be rejected, which leaves the weights unchanged and their check vacuous: start it at
+    # the initial (tuned-scale) step size instead, so that the timed trajectory is accepted as after a burn-in
+    state = state._replace(da=state.da._replace(log_step_size_avg=state.da.log_step_size))
     sparse = state._replace(masks=tuple((jnp.arange(phys) < a).astype(jnp.float32)[None] for a in (30, 15)))
-    times = {
-        "full": _iteration_time(sampler, state, None, max(2, args.reps // 2)),
-        "full_sparse": _iteration_time(sampler, sparse, None, max(2, args.reps // 2)),
-    }
+    times, outs = {}, {}
+    times["full"], outs["full"] = _iteration_time(sampler, state, None, max(2, args.reps // 2))
+    times["full_sparse"], outs["full_sparse"] = _iteration_time(sampler, sparse, None, max(2, args.reps // 2))
     buckets = bucket_sizes((30, 15), net.widths, slack=sampler.slack)
-    times["compact"] = _iteration_time(sampler, sparse, buckets, args.reps)
+    times["compact"], outs["compact"] = _iteration_time(sampler, sparse, buckets, args.reps)
+    reference = "the same iteration by the full-width reference path (step_chains(..., reference=True))"
+    checks = {"full": _iteration_check(outs["full"], _reference_iteration(sampler, state, None), reference),
+              "full_sparse": _iteration_check(outs["full_sparse"], _reference_iteration(sampler, sparse, None),
+                                              reference),
+              "compact": _iteration_check(outs["compact"], _reference_iteration(sampler, sparse, buckets),
+                                          reference + ", same blocks")}
+    for name, start in (("full", state), ("full_sparse", sparse), ("compact", sparse)):  # not a vacuous check:
+        checks[name]["moved"] = tree_scale_relative_error(outs[name][0].params, start.params)  # the weights moved
+    ok_sparse = checks["full_sparse"]["ok"] and checks["compact"]["ok"]
+    ok_full = checks["full"]["ok"] and checks["compact"]["ok"]
     out = dict(commit=git_commit(str(ROOT)), machine=platform.machine(), cpus=os.cpu_count(), jax=jax.__version__,
-               widths=[phys, phys], n=n, buckets=list(buckets or []), seconds=times,
-               ratio_full_sparse_over_compact=times["full_sparse"] / times["compact"],
-               ratio_full_over_compact=times["full"] / times["compact"])
-    print(f"iteration, 1000 active, full width : {times['full'] * 1e3:8.1f} ms")
-    print(f"iteration, 30/15 active, full width: {times['full_sparse'] * 1e3:8.1f} ms")
-    print(f"iteration, 30/15 active, compacted : {times['compact'] * 1e3:8.1f} ms (buckets {buckets})")
-    print(f"ratio full-width / compacted at the same sparsity: {out['ratio_full_sparse_over_compact']:.1f}x "
-          f"(target >= 10)")
-    print(f"ratio dense (1000 active) / compacted sparse     : {out['ratio_full_over_compact']:.1f}x")
+               widths=[phys, phys], n=n, buckets=list(buckets or []), seconds=times, checks=checks,
+               ratio_full_sparse_over_compact=times["full_sparse"] / times["compact"] if ok_sparse else None,
+               ratio_full_over_compact=times["full"] / times["compact"] if ok_full else None)
+    print(f"iteration, {act} active, full width : {times['full'] * 1e3:8.1f} ms   {check_text(checks['full'])}")
+    print(f"iteration, 30/15 active, full width: {times['full_sparse'] * 1e3:8.1f} ms   "
+          f"{check_text(checks['full_sparse'])}")
+    print(f"iteration, 30/15 active, compacted : {times['compact'] * 1e3:8.1f} ms (buckets {buckets})   "
+          f"{check_text(checks['compact'])}")
+    r = times["full_sparse"] / times["compact"]
+    print(f"ratio full-width / compacted at the same sparsity: "
+          f"{ratio_text(r, checks['full_sparse'], checks['compact'], fmt='{:.1f}x')} (target >= 10)")
+    r = times["full"] / times["compact"]
+    print(f"ratio dense ({act} active) / compacted sparse     : "
+          f"{ratio_text(r, checks['full'], checks['compact'], fmt='{:.1f}x')}")
     if not args.quick:
-        times.update(_narrow_run_seconds(x, y))
-        _print_narrow(times)
+        narrow, checks["narrow_compact"] = _narrow_run_seconds(x, y)
+        times.update(narrow)
+        _print_narrow(times, checks["narrow_compact"])
     if not (args.no_split or args.quick):
         from experiments import mbnn_uci
         from experiments.data import load_uci
@@ -159,11 +220,12 @@ def main(argv=None):
     _write(out, name)
 
 
-def _print_narrow(times):
-    print(f"width-40 run with compilation, compacted : {times['narrow_compact']:6.1f} s")
+def _print_narrow(times, c):
+    print(f"width-40 run with compilation, compacted : {times['narrow_compact']:6.1f} s   (equal in law to the "
+          f"full-width run, not draw by draw: no check)")
     print(f"width-40 run with compilation, full width: {times['narrow_full']:6.1f} s "
-          f"(compacted / full width {times['narrow_compact'] / times['narrow_full']:.1f}x: why sample(compact=None) "
-          f"keeps narrow networks at full width)")
+          f"(compacted / full width {ratio_text(times['narrow_compact'] / times['narrow_full'], c, fmt='{:.1f}x')}: "
+          f"why sample(compact=None) keeps narrow networks at full width)")
 
 
 def _write(out, name):

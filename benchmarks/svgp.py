@@ -24,6 +24,14 @@ here), and Gaussian (noise sd 0.5, trained) on standardised labels.
   N = 10^5 synthetic points (d = 8), M = 500, B = 1,000: throughput in points per second; and the time per
   step for M = 200, 400, 800 at B = 100 against the O(B M^2 + M^3) prediction.
 
+Check before timing (issue 49): each likelihood's row records two errors of the ELBO at the fixed parameters:
+ours against the exact reference of the same run, the same whitened-SVGP ELBO written out densely in NumPy
+(`dense_reference_elbo`: K_ZZ's Cholesky, the marginals of q(f), closed-form Gaussian expectation or the same
+20-point Gauss-Hermite rule, KL(q(v) || N(0, I))), and GPJax's against ours. A row above a tolerance (``TOL``)
+prints ``WRONG (err ...)`` instead of its ratios. Without GPJax installed the comparison times ours alone and
+still checks it against the dense reference (no ratio). The SVTP scale rows are not checked against a reference
+(their ELBO is stochastic): each records whether training kept its loss finite.
+
 Prints a table and writes ``benchmarks/results/svgp.json`` (``--quick``: ``svgp-quick.json``, targets not judged).
 """
 
@@ -39,12 +47,40 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import write_results  # noqa: E402
+from _common import check, ratio_text, write_results  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "svgp.json"
 RESULTS_QUICK = ROOT / "benchmarks" / "results" / "svgp-quick.json"
 M, BATCH, LR, JITTER, LENGTHSCALE, NOISE_SD = 200, 100, 1e-2, 1e-6, 3.0, 0.5
 TARGET = 0.1
+# stated tolerances: relative ELBO error, ours against the dense float64 reference (the same formula: rounding
+# only) and GPJax's against ours (the same function of the same parameters; its own Cholesky and quadrature)
+TOL = {"elbo_vs_dense": 1e-9, "elbo_gpjax_vs_ours": 1e-6}
+
+
+def dense_reference_elbo(X, y, Z, m, S, likelihood) -> float:
+    """The whitened SVGP's ELBO at ``(m, S)`` computed densely in NumPy float64 (full batch): the reference that
+    ours is checked against (module docstring)."""
+    import numpy as np
+    from scipy.special import ndtr
+
+    def k(a, b):
+        d2 = np.sum(a**2, 1)[:, None] + np.sum(b**2, 1)[None] - 2 * a @ b.T
+        return np.exp(-np.maximum(d2, 0) / (2 * LENGTHSCALE**2))
+
+    L = np.linalg.cholesky(k(Z, Z) + JITTER * np.eye(len(Z)))
+    A = np.linalg.solve(L, k(Z, X))  # L^{-1} K_ZX (dense solve: the reference need not be fast)
+    mean = A.T @ m
+    var = 1.0 - np.sum(A**2, 0) + np.sum((S.T @ A) ** 2, 0)  # k(x, x) = 1
+    if likelihood == "gaussian":
+        s2 = NOISE_SD**2
+        ell = -0.5 * np.log(2 * np.pi * s2) - ((y - mean) ** 2 + var) / (2 * s2)
+    else:
+        nodes, weights = np.polynomial.hermite.hermgauss(20)
+        f = mean[None] + np.sqrt(2.0) * nodes[:, None] * np.sqrt(var)[None]
+        ell = weights @ np.log(1e-3 + (1 - 2e-3) * ndtr((2 * y - 1)[None] * f)) / np.sqrt(np.pi)
+    kl = 0.5 * (np.sum(S**2) + m @ m - len(m) - 2 * np.sum(np.log(np.abs(np.diag(S)))))
+    return float(np.sum(ell) - kl)
 
 
 def _problem():
@@ -76,7 +112,7 @@ def _gpjax_bernoulli():
 
     class GPJaxBernoulli(vi.Bernoulli):
         def log_prob(self, lik_params, y, f):
-            sign = (2 * y - 1).astype(f.dtype)
+            sign = jnp.broadcast_to((2 * y - 1).astype(f.dtype), f.shape[:-1])  # explicit: rank promotion may raise
             return jnp.log(1e-3 + (1 - 2e-3) * ndtr(sign * f[..., 0]))
 
     return GPJaxBernoulli(num_quadrature=20)
@@ -138,16 +174,35 @@ def _timed(fn, *a):
     return time.perf_counter() - t
 
 
+def _have_gpjax() -> bool:
+    try:
+        import gpjax  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def compare(rounds: int, n1: int, n2: int) -> dict:
     import jax
 
     jax.config.update("jax_enable_x64", True)
     X, y_bern, y_gauss, Z, m, S = _problem()
     jax.numpy.ones(3).block_until_ready()  # backend start-up is nobody's cost
+    have_gpjax = _have_gpjax()
+    if not have_gpjax:
+        print("GPJax is not installed: timing smnngp alone, checked against the dense reference", flush=True)
     out = {}
     for likelihood, y in (("bernoulli", y_bern), ("gaussian", y_gauss)):
-        libs = {"ours": _ours(X, y, Z, m, S, likelihood), "gpjax": _gpjax(X, y, Z, m, S, likelihood)}
+        libs = {"ours": _ours(X, y, Z, m, S, likelihood)}
+        if have_gpjax:
+            libs["gpjax"] = _gpjax(X, y, Z, m, S, likelihood)
         res = {name: {"elbo": fns[0]()} for name, fns in libs.items()}
+        ref = dense_reference_elbo(X, y, Z, m, S, likelihood)
+        errors = {"elbo_vs_dense": abs(res["ours"]["elbo"] - ref) / abs(ref)}
+        if have_gpjax:
+            errors["elbo_gpjax_vs_ours"] = abs(res["gpjax"]["elbo"] - res["ours"]["elbo"]) / abs(res["ours"]["elbo"])
+        res["elbo_dense_reference"] = ref
+        res["check"] = check(errors, TOL, "the dense NumPy ELBO at the same parameters (GPJax: against ours)")
         for name, (_, train) in libs.items():
             res[name]["first_call_s"] = _timed(train, n1, 0)
         for _, train in libs.values():  # every program compiled once: ours then reuses it, GPJax retraces per call
@@ -160,14 +215,21 @@ def compare(rounds: int, n1: int, n2: int) -> dict:
         for name in libs:
             res[name]["step_s"] = min(per_step[name])
             res[name]["step_s_all"] = per_step[name]
-        res["ratio"] = res["ours"]["step_s"] / res["gpjax"]["step_s"]
-        res["first_call_ratio"] = res["ours"]["first_call_s"] / res["gpjax"]["first_call_s"]
-        res["elbo_rel_diff"] = abs(res["ours"]["elbo"] - res["gpjax"]["elbo"]) / abs(res["gpjax"]["elbo"])
         out[likelihood] = res
+        checked = ", ".join(f"{k} {v:.1e} (tol {TOL[k]:.0e})" for k, v in errors.items()) + \
+            ("" if res["check"]["ok"] else "  WRONG")
+        if not have_gpjax:
+            print(f"{likelihood}: ELBO ours {res['ours']['elbo']:.6f}, dense reference {ref:.6f} ({checked}); step "
+                  f"{1e3 * res['ours']['step_s']:.2f} ms; first call {res['ours']['first_call_s']:.1f} s", flush=True)
+            continue
+        ok = res["check"]["ok"]  # the timing of a wrong answer is no comparison: no ratio
+        res["ratio"] = res["ours"]["step_s"] / res["gpjax"]["step_s"] if ok else None
+        res["first_call_ratio"] = res["ours"]["first_call_s"] / res["gpjax"]["first_call_s"] if ok else None
+        res["elbo_rel_diff"] = abs(res["ours"]["elbo"] - res["gpjax"]["elbo"]) / abs(res["gpjax"]["elbo"])
         print(f"{likelihood}: ELBO ours {res['ours']['elbo']:.6f} GPJax {res['gpjax']['elbo']:.6f} "
-              f"(relative difference {res['elbo_rel_diff']:.1e}); step {1e3 * res['ours']['step_s']:.2f} ms vs "
-              f"{1e3 * res['gpjax']['step_s']:.2f} ms (ratio {res['ratio']:.3f}); first call "
-              f"{res['ours']['first_call_s']:.1f} s vs {res['gpjax']['first_call_s']:.1f} s", flush=True)
+              f"dense {ref:.6f} ({checked}); step {1e3 * res['ours']['step_s']:.2f} ms vs "
+              f"{1e3 * res['gpjax']['step_s']:.2f} ms (ratio {ratio_text(res['ratio'], res['check'], fmt='{:.3f}')}); "
+              f"first call {res['ours']['first_call_s']:.1f} s vs {res['gpjax']['first_call_s']:.1f} s", flush=True)
     return out
 
 
@@ -298,11 +360,22 @@ def main(argv=None) -> int:
           "ELBO ours | ELBO GPJax |")
     print("|---|---|---|---|---|---|---|")
     for lik, r in comp.items():
+        if "gpjax" not in r:
+            print(f"| {lik} | {1e3 * r['ours']['step_s']:.2f} | (no GPJax) | - | {r['ours']['first_call_s']:.1f} s / - "
+                  f"| {r['ours']['elbo']:.4f} | - |")
+            continue
+        if not r["check"]["ok"]:
+            print(f"| {lik} | {1e3 * r['ours']['step_s']:.2f} | {1e3 * r['gpjax']['step_s']:.2f} | "
+                  f"{ratio_text(None, r['check'])} | - | {r['ours']['elbo']:.4f} | {r['gpjax']['elbo']:.4f} |")
+            continue
         ok = "" if args.quick else (" ✓" if r["ratio"] <= TARGET else " ✗")
         print(f"| {lik} | {1e3 * r['ours']['step_s']:.2f} | {1e3 * r['gpjax']['step_s']:.2f} | {r['ratio']:.3f}{ok} "
               f"| {r['ours']['first_call_s']:.1f} s / {r['gpjax']['first_call_s']:.1f} s | {r['ours']['elbo']:.4f} "
               f"| {r['gpjax']['elbo']:.4f} |")
-    if floor is not None:
+    print("ELBO checks (relative error): " + "; ".join(
+        f"{lik} " + ", ".join(f"{k} {v:.1e} (tol {TOL[k]:.0e})" for k, v in r["check"]["errors"].items())
+        + ("" if r["check"]["ok"] else " WRONG") for lik, r in comp.items()))
+    if floor is not None and any("gpjax" in r for r in comp.values()):
         print("\n| likelihood | linear-algebra floor ms/step | floor / GPJax |\n|---|---|---|")
         for lik, r in comp.items():
             print(f"| {lik} | {1e3 * floor:.2f} | {floor / r['gpjax']['step_s']:.3f} |")
@@ -311,10 +384,13 @@ def main(argv=None) -> int:
     for r in sc["by_m"]:
         print(f"| {r['num_inducing']} | {1e3 * r['step_s']:.2f} | {r['measured_ratio']:.2f} | "
               f"{r['predicted_ratio']:.2f} |")
-    import gpjax
+    gpjax_version = None
+    if _have_gpjax():
+        import gpjax
 
-    payload = {"quick": args.quick, "gpjax": gpjax.__version__, "n1": n1, "n2": n2, "compare": comp, "scale": sc,
-               "target": TARGET, "linear_algebra_floor_s": floor}
+        gpjax_version = gpjax.__version__
+    payload = {"quick": args.quick, "gpjax": gpjax_version, "n1": n1, "n2": n2, "compare": comp, "scale": sc,
+               "target": TARGET, "tolerances": TOL, "linear_algebra_floor_s": floor}
     path = RESULTS_QUICK if args.quick else RESULTS
     if path.exists() and (args.skip_compare or args.skip_scale):  # a partial run keeps the other part's numbers
         old = json.loads(path.read_text())

@@ -13,8 +13,12 @@ the first call (for the traced spelling: tracing the Flax program, reading it, t
 running) and the best of ``--repeats`` steady calls. Before the timed call each worker evaluates the same network
 on a tiny input, so that backend start-up is charged to neither.
 
-The parent checks that both spellings give the same kernel, prints the ratios (traced / stax: 1.0 is parity) and
-writes ``benchmarks/results/traced_kernels.json``.
+Check before timing (issue 49): the exact reference of each row is the stax kernel of the same network on the same
+inputs, computed in the same run; the parent records ``max |traced - stax| / max |stax|`` for the NNGP and the NTK
+in each row (``check``) with a stated tolerance (``TOL``: the two spellings must build the same computation, so
+they agree to rounding) and prints ``WRONG (err ...)`` instead of the ratios of a row above it. It prints the
+ratios (traced / stax: 1.0 is parity) and writes ``benchmarks/results/traced_kernels.json``. ``--n`` changes the
+number of inputs of every case (a smoke test; the timings are then not the issue's).
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_first_and_steady, worker_setup, write_results  # noqa: E402
+from _common import check, ratio_text, scale_relative_error, time_first_and_steady, worker_setup, write_results  # noqa: E402,E501
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "traced_kernels.json"
 SEED = 0
+# stated tolerance: max |traced - stax| / max |stax| per kernel (same computation: rounding only, ~1e-16 measured)
+TOL = 1e-10
 
 # name -> (label, input shape)
 CASES = {
@@ -204,6 +210,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--n", type=int, help="inputs per case instead of the case's own (smoke test)")
     parser.add_argument("--worker", choices=("stax", "traced"), help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -219,6 +226,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             label, shape = CASES[case]
+            if args.n:
+                shape, label = (args.n,) + tuple(shape[1:]), f"{label} [n = {args.n}]"
             data = str(Path(tmp) / f"{case}.npz")
             np.savez(data, x=np.random.default_rng(SEED).normal(size=shape))
             best = {"stax": None, "traced": None}
@@ -231,18 +240,25 @@ def main(argv=None) -> None:
                     print(f"  {case:10s} round {r + 1}/{args.rounds} {spelling:6s} first {t['first']:.3f} s, "
                           f"steady {t['steady']:.4f} s", flush=True)
             a, b = np.load(data + ".stax.out.npz"), np.load(data + ".traced.out.npz")
-            diff = max(float(np.max(np.abs(a[k] - b[k])) / max(np.max(np.abs(a[k])), 1e-300)) for k in ("nngp", "ntk"))
+            errors = {k: scale_relative_error(b[k], a[k]) for k in ("nngp", "ntk")}
+            verdict = check(errors, {k: TOL for k in errors}, "stax kernel_fn of the same network, same inputs")
+            diff = max(errors.values())
             rows[case] = {"label": label, "shape": list(shape), "stax": best["stax"], "traced": best["traced"],
-                          "ratio_first": best["traced"]["first"] / best["stax"]["first"],
-                          "ratio_steady": best["traced"]["steady"] / best["stax"]["steady"],
-                          "max_relative_difference": diff}
+                          "ratio_first": best["traced"]["first"] / best["stax"]["first"] if verdict["ok"] else None,
+                          "ratio_steady": best["traced"]["steady"] / best["stax"]["steady"] if verdict["ok"] else None,
+                          "max_relative_difference": diff, "check": verdict}
     print(f"\n{'case':42s} {'first: stax / traced / ratio':>32s} {'steady: stax / traced / ratio':>36s}  max rel diff")
     for row in rows.values():
         s, t = row["stax"], row["traced"]
+        if not row["check"]["ok"]:  # the timing of a wrong answer is no comparison
+            print(f"{row['label']:42s} {ratio_text(None, row['check'])}")
+            continue
         print(f"{row['label']:42s} {s['first']:9.3f} {t['first']:9.3f} {row['ratio_first']:7.2f}x "
               f"{s['steady']:11.4f} {t['steady']:9.4f} {row['ratio_steady']:7.2f}x   "
               f"{row['max_relative_difference']:.1e}")
-    write_results(Path(args.out), {"repeats": args.repeats, "rounds": args.rounds, "cases": rows})
+    print(f"max rel diff: max |traced - stax| / max |stax| over the NNGP and NTK (tolerance {TOL:.0e})")
+    write_results(Path(args.out), {"repeats": args.repeats, "rounds": args.rounds, "tolerance": TOL, "n": args.n,
+                                   "cases": rows})
 
 
 if __name__ == "__main__":

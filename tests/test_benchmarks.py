@@ -8,9 +8,12 @@ whose anchors live outside the test environment (neural-tangents' oracle environ
 bayesian-torch) run here without them: they time smnngp alone then, or are left to their ``--quick`` modes.
 """
 
+import json
 import os
 import subprocess
 import sys
+
+import _testdata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,8 +41,11 @@ def test_dense_memory_plan_prints_each_plan_in_matrices():
 def test_kernels_compile_times_the_phases_of_a_first_call():
     out = run_benchmark("kernels_compile.py", "--cases", "mlp3_erf", "--steady", "2")
     row = next(line for line in out.splitlines() if line.startswith("MLP-3 Erf"))
-    numbers = row.split()[-7:]  # trace, lower, compile, 1st run, best, median, HLO ops
+    assert "WRONG" not in row, row
+    numbers = row.split()[-9:-2]  # trace, lower, compile, 1st run, best, median, HLO ops
     assert all(float(v) > 0 for v in numbers), row
+    err, err_off = (float(v) for v in row.split()[-2:])  # against kernel_fn(x, x), in the same run
+    assert err <= 1e-6 and err_off <= 1e-10, row
 
 
 def test_kernels_compile_nt_program_says_what_it_needs():
@@ -60,3 +66,76 @@ def test_matfree_product_agrees_with_the_dense_product():
     assert len(rows) == 2, out  # RBF and the ReLU NNGP
     for row in rows:
         assert float(row.rsplit(" ", 1)[1]) < 1e-10, row
+
+
+# Issue 49: every benchmark row carries its answer's error against the exact reference of the same run, with a
+# stated tolerance, and prints no ratio for a wrong answer.
+
+
+def assert_checked(row_check, where):
+    """A row's ``check`` (`benchmarks/_common.check`): errors recorded, each within its stated tolerance."""
+    assert row_check is not None and row_check["errors"], where
+    for name, err in row_check["errors"].items():
+        assert err <= row_check["tolerances"][name], f"{where}: {name} error {err} > {row_check['tolerances'][name]}"
+    assert row_check["ok"], where
+
+
+def test_traced_kernels_match_the_stax_kernels_they_are_timed_against(tmp_path):
+    results = tmp_path / "traced.json"
+    out = run_benchmark("traced_kernels.py", "--cases", "mlp3_erf,resnet", "--n", "16", "--repeats", "1",
+                        "--out", str(results))
+    assert "WRONG" not in out, out
+    cases = json.loads(results.read_text())["cases"]
+    assert set(cases) == {"mlp3_erf", "resnet"}
+    for name, row in cases.items():
+        assert_checked(row["check"], name)
+        assert set(row["check"]["errors"]) == {"nngp", "ntk"} and row["ratio_steady"] is not None
+
+
+def test_kernels_tiling_sweep_checks_each_setting_against_the_untiled_kernel():
+    out = run_benchmark("kernels_tiling_sweep.py", "--cases", "mlp3_erf", "--settings", "65536:16384", "--rounds", "1")
+    row = next(line for line in out.splitlines() if line.startswith("mlp3_erf"))
+    assert "WRONG" not in row, row
+    err, err_off = (float(v) for v in row.split()[-2:])
+    assert err <= 1e-6 and err_off <= 1e-10, row
+
+
+def test_masked_iterations_match_the_full_width_reference_path():
+    out = run_benchmark("masked.py", "--quick", "--reps", "2")
+    assert "WRONG" not in out, out
+    res = json.loads(open(os.path.join(ROOT, "benchmarks", "results", "masked-quick.json")).read())
+    assert set(res["checks"]) == {"full", "full_sparse", "compact"}
+    for name, row_check in res["checks"].items():
+        assert_checked(row_check, name)
+        assert row_check["moved"] > 0, name  # the iteration moved the weights: the check is not vacuous
+    assert res["ratio_full_sparse_over_compact"] is not None
+
+
+def test_lowrank_steps_match_the_op_by_op_step():
+    out = run_benchmark("lowrank.py", "--quick", "--skip-torch")
+    assert "WRONG" not in out, out
+    res = json.loads(open(os.path.join(ROOT, "benchmarks", "results", "lowrank-quick.json")).read())["results"]
+    for name in ("ours_deterministic", "ours_bbb", "ours_lowrank", "lstm_once_per_sequence", "lstm_resample_per_step"):
+        assert_checked(res[name]["check"], name)
+        assert set(res[name]["check"]["errors"]) == {"loss", "gradient", "params"}
+
+
+def test_svgp_elbo_matches_the_dense_reference():
+    out = run_benchmark("svgp.py", "--quick", "--skip-scale")
+    assert "WRONG" not in out, out
+    comp = json.loads(open(os.path.join(ROOT, "benchmarks", "results", "svgp-quick.json")).read())["compare"]
+    assert set(comp) == {"bernoulli", "gaussian"}
+    for lik, row in comp.items():
+        assert_checked(row["check"], lik)
+        assert "elbo_vs_dense" in row["check"]["errors"], lik
+
+
+def test_ard_matches_the_step_by_step_anchor():
+    _testdata.require(["cascaded-tanks"])  # skipped without the data, failed under SMNNGP_REQUIRE_DATA=1 (CI)
+    proc = run_benchmark("ard.py", "--quick", expect_ok=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "WRONG" not in proc.stdout, proc.stdout
+    cases = json.loads(open(os.path.join(ROOT, "benchmarks", "results", "ard-quick.json")).read())["cases"]
+    assert [c["case"] for c in cases] == ["simulation", "one-step sweep"]
+    for c in cases:
+        assert_checked(c["check"], c["case"])
