@@ -73,7 +73,7 @@ def test_traced_convergence_quick(tmp_path):
         small, large = (r["per_width"][w] for w in sorted(r["per_width"], key=int))
         assert large["ntk_mean_rel_frobenius"] < 0.7 * small["ntk_mean_rel_frobenius"], (name, r)
         assert large["max_abs_z"] < 4.5, (name, r)
-    assert set(models["rnn_tanh"]["activations"]) == {"ElementwiseNumerical(fn, deg=32)"}
+    assert set(models["rnn_tanh"]["activations"]) == {"Quadrature(fn, n_theta=16, n_r=48)"}
 
 def _run_readme_example(section: str):
     """Run the first python block under the README heading ``section``; return the finished process."""
