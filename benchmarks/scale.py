@@ -33,8 +33,9 @@ peak resident set on the CPU (which includes the runtime's own ~0.3-0.5 GB). Eac
 memory, ``--timeout``) is recorded as such and larger N is not tried for it.
 
 Benchmarks check before they time (issue 49): at each N a first worker computes the exact reference, the dense
-float64 fit (Student-t for our cases, the Gaussian GP for GPyTorch's), and every row records its largest relative
-error of the predictive mean and variance and the log ML's relative error against it (``check``; tolerances
+float64 fit (Student-t for our cases, the Gaussian GP for GPyTorch's), and every row records the error of its
+predictive mean (relative to the mean's scale, max |a - b| / max |b|: means cross zero), its largest relative error
+of the variance, and the log ML's relative error against it (``check``; tolerances
 ``CHECK_TOL``, the log ML's widened by 4 reported standard errors where the log-determinant is stochastic). A row
 whose answer is wrong is printed ``WRONG`` and gets no ratio (``WRONG (err ...)`` in its place). Where the reference
 does not fit, the rows are unchecked.
@@ -54,7 +55,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, write_results  # noqa: E402
+from _common import ROOT, pointwise_relative_error, scale_relative_error, write_results  # noqa: E402
 
 CASES = ("ours-dense", "ours-mixed", "ours-cg", "gpytorch-chol", "gpytorch-cg")
 D, NOISE, LENGTHSCALE = 8, 0.01, 2.0
@@ -204,11 +205,12 @@ def _check(rec, arrays, ref, case, dtype):
     kind = "gaussian" if case.startswith("gpytorch") else "student_t"
     lml, mean, var = float(ref[f"{kind}_0"]), ref[f"{kind}_1"], ref[f"{kind}_2"]
 
-    def rel(a, b):
-        a, b = np.asarray(a, float).reshape(-1), np.asarray(b, float).reshape(-1)
-        return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
+    def flat(a):
+        return np.asarray(a, float).reshape(-1)
 
-    errors = {"mean": rel(arrays["mean"], mean), "variance": rel(arrays["var"], var),
+    # means cross zero: their error is relative to their scale; variances are positive: pointwise
+    errors = {"mean": scale_relative_error(flat(arrays["mean"]), flat(mean)),
+              "variance": pointwise_relative_error(flat(arrays["var"]), flat(var)),
               "log_ml": abs(rec["log_ml"] - lml) / abs(lml)}
     tols = dict(CHECK_TOL[dtype])
     se = (rec.get("diagnostics") or {}).get("logdet_stderr")
