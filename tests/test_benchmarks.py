@@ -139,3 +139,44 @@ def test_ard_matches_the_step_by_step_anchor():
     assert [c["case"] for c in cases] == ["simulation", "one-step sweep"]
     for c in cases:
         assert_checked(c["check"], c["case"])
+
+
+def _scale_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_scale", os.path.join(ROOT, "benchmarks", "scale.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_scale_check_holds_matrix_free_rows_to_their_cg_tolerance():
+    """A CG row's mean is allowed 10 x the CG tolerance (CG bounds the residual), no more; its variance and the dense
+    rows keep CHECK_TOL; a LOVE-style variance several times the exact one is WRONG whatever the tolerance."""
+    import numpy as np
+
+    scale = _scale_module()
+    mean = np.linspace(-1.0, 1.0, 50)
+    var = np.linspace(0.01, 0.03, 50)
+    ref = {"student_t_0": -100.0, "student_t_1": mean, "student_t_2": var,
+           "gaussian_0": -100.0, "gaussian_1": mean, "gaussian_2": var}
+    row = {"log_ml": -100.0, "diagnostics": {}}
+
+    def verdict(case, dmean, var_factor=1.0, tol=1e-4):
+        arrays = {"mean": mean + dmean * np.sign(mean), "var": var * var_factor}
+        return scale._check(row, arrays, ref, case, "float64", tol)
+
+    assert verdict("ours-cg", 5e-4)["ok"] and verdict("gpytorch-cg-exact", 5e-4)["ok"]
+    assert not verdict("ours-cg", 2e-3)["ok"]
+    assert not verdict("ours-dense", 5e-4)["ok"]            # the dense path is held to 1e-4
+    assert not verdict("ours-cg", 5e-4, tol=1e-6)["ok"]     # a tighter CG tolerance tightens the check
+    assert not verdict("gpytorch-cg", 0.0, var_factor=9.0)["ok"]
+
+
+def test_scale_quick_checks_our_rows_against_the_dense_reference(tmp_path):
+    out = run_benchmark("scale.py", "--quick", "--cases", "ours-dense", "ours-cg", "--out", str(tmp_path / "s.json"))
+    res = json.load(open(tmp_path / "s.json"))
+    rows = {r["case"]: r for r in res["results"]}
+    assert set(rows) == {"ours-dense", "ours-cg"}, out
+    for case, row in rows.items():
+        assert_checked(row["check"], case)
