@@ -21,6 +21,9 @@ defaults for standardised inputs: ``W_std`` 1.4 (ReLU) or 1.5 (Erf),
 The conv net of the image experiments (:func:`cnn_arch`, :func:`cnn_init`, :func:`cnn_kernel`; the scale-mixture
 paper's Table 2 and the Gaussian-classification study): ``depth`` x [3 x 3 ``Conv`` (SAME), ReLU], ``Flatten``, a
 readout ``Dense(1)``, every scale a hyperparameter.
+
+The Myrtle networks (:func:`myrtle`; Shankar et al., "Neural Kernels Without Tangents", ICML 2020): the
+convolutional kernels of whole image sets (``python -m experiments dataset-kernel``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ __all__ = [
     "cnn_arch",
     "cnn_init",
     "cnn_kernel",
+    "MYRTLE_DEPTHS",
+    "myrtle",
 ]
 
 MODELS = ("gaussian", "student_t", "burr12")
@@ -262,3 +267,59 @@ def cnn_kernel(depth: int, *, train_amplitude: bool = True, pin_weights: bool = 
     pinned = ("W_out", "W_std") if pin_weights else ("W_out",)
     fixed = {k: init.pop(k) for k in pinned}
     return stax.parametric_kernel(lambda p: arch({**p, **fixed}), init)
+
+
+# Myrtle-d: how many (3 x 3 Conv, ReLU) pairs each of the three stages has (Shankar et al. 2020; the depth counts
+# the convolutions plus the readout: 4 + 1, 6 + 1, 9 + 1)
+MYRTLE_DEPTHS = {5: (2, 1, 1), 7: (2, 2, 2), 10: (3, 3, 3)}
+
+
+def myrtle(depth: int = 5, *, width: int = 1, n_out: int = 10, W_std: float = math.sqrt(2.0), b_std: float = 0.0,
+           pools_at_end: int = 3) -> tuple:
+    """The Myrtle CNN of depth 5, 7 or 10 as a `smnngp.stax` triple ``(init_fn, apply_fn, kernel_fn)``.
+
+    Three stages of ``MYRTLE_DEPTHS[depth]`` (3 x 3 ``Conv`` (SAME), ReLU) pairs, the first two stages each
+    followed by a 2 x 2 ``AvgPool`` of stride 2 and the last by ``pools_at_end`` of them (3 for 32 x 32 inputs:
+    32 / 2^5 = 1 position left), then ``Flatten`` and ``Dense(n_out)``. He scaling (``W_std = sqrt 2``) and no
+    biases by default, as in the paper. The kernel does not depend on ``width``.
+
+    Args:
+        depth: 5, 7 or 10.
+        width: channels of each convolution (the finite network's; 1 is enough for the kernel).
+        n_out: outputs of the readout.
+        W_std: weight scale of every layer.
+        b_std: bias scale of every layer.
+        pools_at_end: the 2 x 2 average poolings after the last stage (0 or more).
+
+    Returns:
+        ``(init_fn, apply_fn, kernel_fn)``.
+
+    Raises:
+        ValueError: for a depth other than 5, 7 or 10, or a non-positive width or output count.
+    """
+    if depth not in MYRTLE_DEPTHS:
+        raise ValueError(f"myrtle: depth must be one of {sorted(MYRTLE_DEPTHS)}, got {depth!r}")
+    for name, v in (("width", width), ("n_out", n_out)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"myrtle: {name} must be a positive integer, got {v!r}")
+    if not isinstance(pools_at_end, int) or pools_at_end < 0:
+        raise ValueError(f"myrtle: pools_at_end must be a non-negative integer, got {pools_at_end!r}")
+
+    def block():
+        return [stax.Conv(width, (3, 3), padding="SAME", W_std=W_std, b_std=b_std), stax.Relu()]
+
+    def pool():
+        return stax.AvgPool((2, 2), strides=(2, 2))
+
+    first, second, third = MYRTLE_DEPTHS[depth]
+    layers = []
+    for _ in range(first):
+        layers += block()
+    layers.append(pool())
+    for _ in range(second):
+        layers += block()
+    layers.append(pool())
+    for _ in range(third):
+        layers += block()
+    layers += [pool() for _ in range(pools_at_end)]
+    return stax.serial(*layers, stax.Flatten(), stax.Dense(n_out, W_std=W_std, b_std=b_std))

@@ -78,5 +78,17 @@ def build_cases(stax, jnp):
     cases["pool_dot_3d"] = (S.serial(conv(3), S.DotGeneral(rhs=jnp.asarray(np.arange(1.0, 4.0)),
                                                            dimension_numbers=(((3,), (0,)), ((), ()))),
                                      S.Flatten()), CNN3D)
+    # Myrtle-5 as Shankar et al. (2020) and nt's Myrtle notebook build it (4 x [3 x 3 Conv SAME, Relu] in stages of
+    # 2, 1, 1, 2 x 2 average pools after the first two stages and three after the last, He scaling, no biases) on
+    # 32 x 32 x 3 images: also the golden of `smnngp.models.myrtle(5)` (tests/test_models.py).
+    def myrtle_block():
+        return [S.Conv(1, (3, 3), padding="SAME", W_std=float(np.sqrt(2.0)), b_std=0.0), S.Relu()]
+
+    def pool2():
+        return S.AvgPool((2, 2), strides=(2, 2))
+
+    myrtle = myrtle_block() * 2 + [pool2()] + myrtle_block() + [pool2()] + myrtle_block() + [pool2()] * 3
+    cases["pool_myrtle5_32"] = (S.serial(*myrtle, S.Flatten(), S.Dense(10, W_std=float(np.sqrt(2.0)), b_std=0.0)),
+                                ((2, 32, 32, 3), (3, 32, 32, 3)))
     return cases
 
