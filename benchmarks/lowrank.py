@@ -28,9 +28,16 @@ Check before timing (issue 49): every model of ours is checked before it is time
 initial weights with the first step's key, against the same step run op by op (``jax.disable_jit``: no XLA
 fusion or reordering; the exact reference of this run): the loss, its gradient and the updated weights, each as
 ``max |step - ref| / max |ref|`` per array (the largest over the arrays) against ``TOL`` (float32 rounding). A row
-above it prints ``WRONG (err ...)`` in place of its time, and every ratio involving it too. bayesian-torch's step
-is not checked (its weights and draws are its own, so no value of ours is its reference), and when bayesian-torch
-is not installed (``--skip-torch``) the torch rows are absent and our rows are still checked.
+above it prints ``WRONG (err ...)`` in place of its time, and every ratio involving it too. bayesian-torch's row is
+checked to be the same network (its draws are its own, so its step has no reference): loaded with our BBB
+network's initial means and ``rho``, with every ``rho`` set to -100 (standard deviations of 4e-44: the weights are
+their means whatever is drawn), its cross-entropy against ours; and its KL at the initial parameters against the
+closed form in float64 (``TORCH_TOL``). bayesian-torch 0.5's ``kl_div`` returns the *mean* of the elementwise KL
+over each weight and bias tensor, where ours (and Bayes by Backprop) sums it: at the same parameters its KL term is
+about 1/400,000 of ours on the MNIST network, so the objectives differ in that term's weight (not in the step's
+cost); the check compares each with its own closed form (``kl_ours`` the sum, ``kl_torch`` the per-tensor mean).
+When bayesian-torch is not installed (``--skip-torch``) the torch rows are absent and
+our rows are still checked.
 
 Prints a table and writes ``benchmarks/results/lowrank.json`` (``--quick``: smaller sizes, targets not judged).
 """
@@ -54,6 +61,8 @@ N_TRAIN, BATCH, LR = 50_000, 128, 1e-3
 # (weights: Adam's first step moves each weight by about lr * sign(g), so a gradient entry near 0 whose sign
 # rounds the other way moves it by 2 lr: 5e-3 of the weights' scale allows that, not a wrong gradient)
 TOL = {"loss": 1e-5, "gradient": 1e-3, "params": 5e-3}
+# bayesian-torch's objective against ours at the same parameters (float32 sums over 4.8 million weights)
+TORCH_TOL = {"kl_ours": 1e-5, "kl_torch": 1e-5, "cross_entropy": 1e-5}
 
 
 def _best_per_step(step, n: int, rounds: int) -> float:
@@ -164,6 +173,66 @@ def torch_bbb_step(sizes):
             loss.backward()
             opt.step()
 
+    def check_objective():
+        """bayesian-torch's KL and (at rho = -100) cross-entropy against ours, from our BBB initial parameters."""
+        import jax
+        import jax.numpy as jnp
+
+        from finite import lowrank
+
+        model = lowrank.mlp(sizes, "bbb", activation="relu")
+        params = model.init(jax.random.PRNGKey(0), jnp.float32)
+        xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+        prior = lowrank.GaussianPrior(1.0)
+
+        def ours(p):
+            logits, kl = model.apply_and_kl(p, xj, jax.random.PRNGKey(1), prior=prior, method="exact")
+            ce = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), yj[:, None], axis=1))
+            return float(ce), float(kl)
+
+        def theirs(p):
+            probe = [LinearReparameterization(a, b, prior_mean=0.0, prior_variance=1.0)
+                     for a, b in zip(sizes[:-1], sizes[1:])]
+            with torch.no_grad():
+                for layer, lp in zip(probe, p):
+                    layer.mu_weight.copy_(torch.tensor(np.asarray(lp.W.mu).T))
+                    layer.rho_weight.copy_(torch.tensor(np.asarray(lp.W.rho).T))
+                    layer.mu_bias.copy_(torch.tensor(np.asarray(lp.b.mu)))
+                    layer.rho_bias.copy_(torch.tensor(np.asarray(lp.b.rho)))
+                h, kl = x, 0.0
+                for i, layer in enumerate(probe):
+                    h, k = layer(h)
+                    kl = kl + k
+                    if i < len(probe) - 1:
+                        h = torch.relu(h)
+                return float(torch.nn.functional.cross_entropy(h, y)), float(kl)
+
+        def closed_form(p):
+            """(sum, sum of per-tensor means) of KL(N(mu, softplus(rho)^2) || N(0, 1)), elementwise, float64."""
+            total, means = 0.0, 0.0
+            for lp in p:
+                for mf in (lp.W, lp.b):
+                    mu, rho = np.asarray(mf.mu, np.float64), np.asarray(mf.rho, np.float64)
+                    sd = np.log1p(np.exp(rho))
+                    kl = -np.log(sd) + (sd**2 + mu**2) / 2 - 0.5
+                    total, means = total + kl.sum(), means + kl.mean()
+            return total, means
+
+        _, kl_ours = ours(params)
+        _, kl_theirs = theirs(params)
+        kl_sum, kl_means = closed_form(params)
+        sharp = [type(lp)(W=lp.W._replace(rho=jnp.full_like(lp.W.rho, -100.0)),
+                          b=lp.b._replace(rho=jnp.full_like(lp.b.rho, -100.0))) for lp in params]
+        ce_ours, _ = ours(sharp)
+        ce_theirs, _ = theirs(sharp)
+        errors = {"kl_ours": abs(kl_ours - kl_sum) / kl_sum, "kl_torch": abs(kl_theirs - kl_means) / kl_means,
+                  "cross_entropy": abs(ce_theirs - ce_ours) / abs(ce_ours)}
+        out = check(errors, TORCH_TOL, "the closed-form KL (sum for ours, per-tensor mean for bayesian-torch) and our "
+                    "cross-entropy at the same parameters")
+        out["kl_ratio_torch_over_ours"] = kl_theirs / kl_ours
+        return out
+
+    run.check = check_objective
     count = sum(p.numel() for p in layers.parameters())
     return run, count
 
@@ -219,9 +288,10 @@ def main(argv=None) -> int:
         import torch
 
         run, count = torch_bbb_step(sizes)
-        res["torch_bbb"] = {"step_s": _best_per_step(run, n, rounds), "params": count,
+        c = run.check()
+        res["torch_bbb"] = {"step_s": _best_per_step(run, n, rounds), "params": count, "check": c,
                             "torch": torch.__version__, "threads": torch.get_num_threads()}
-        print(f"bayesian-torch BBB: {1e3 * res['torch_bbb']['step_s']:.2f} ms/step, {count:,} parameters", flush=True)
+        print(f"bayesian-torch BBB: {_time_text(res['torch_bbb'])}, {count:,} parameters", flush=True)
     for resample in (False, True):
         name = "lstm_resample_per_step" if resample else "lstm_once_per_sequence"
         run = ours_lstm_step(resample, 16 if args.quick else 64)
@@ -247,7 +317,8 @@ def main(argv=None) -> int:
                "ours_bbb_over_torch_bbb": ("ours_bbb", "torch_bbb"),
                "ours_lowrank_over_torch_bbb": ("ours_lowrank", "torch_bbb"),
                "lstm_resample_over_once": ("lstm_resample_per_step", "lstm_once_per_sequence")}
-    print("\n| model | ms/step | parameters | check: loss, gradient, weights (tol) |\n|---|---|---|---|")
+    print("\n| model | ms/step | parameters | check: errors (tolerances): loss, gradient, weights; torch: our KL, "
+          "its KL, cross-entropy |\n|---|---|---|---|")
     for k, v in res.items():
         c = v.get("check")
         cell = "not checked" if c is None else ", ".join(f"{e:.1e}" for e in c["errors"].values()) + \
