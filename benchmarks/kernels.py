@@ -28,6 +28,15 @@ the timed call, each worker runs the same architecture on a tiny input, so
 that backend start-up and the library's first trace of each layer are not
 charged to the case.
 
+Batched rows (issue 50): ``nt.batch(kernel_fn, batch_size=4)(x, None, get)`` of Myrtle-5 on 12 images of
+32 x 32 x 3, with ``get='nngp'`` and ``get=('nngp', 'ntk')``, the kernel of a data set tile by tile as
+neural-tangents' users compute it (its Myrtle notebook): ``smnngp.nt.batch`` against nt's own ``batch``, neither
+wrapped in ``jit`` (nt's documentation says not to), the first call and the best steady call, after the same
+warm-up on a tiny input. ``--cases myrtle5_batch24`` adds a larger row (24 images, tiles of 8; not in the default
+list: nt takes minutes for it). Each batched row is checked before its ratio is printed (`_common.check`): ours
+against our unbatched ``kernel_fn(x, None, get)`` (computed after the timing, so that it warms nothing) to 1e-12 of
+the kernel's scale, and against nt's batched values where nt ran; a row past its tolerances prints ``WRONG``.
+
 The parent checks that both libraries' kernels agree, prints a table of ratios
 (ours / neural-tangents: below 1 means we are faster) with the memory XLA plans
 for each compiled call, and writes ``benchmarks/results/kernels.json``.
@@ -47,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_first_and_steady, worker_setup, write_results  # noqa: E402
+from _common import check, check_text, ratio_text, time_first_and_steady, worker_setup, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "kernels.json"
@@ -65,6 +74,27 @@ CASES = {
     "ln_dropout": ("LN+Dropout MLP", (1000, 12), (2, 12)),
     "graph": ("graph (Aggregate)", (40, 16, 6), (2, 3, 6)),
 }
+# Batched rows: name -> (label, architecture (a CASES name), input shape, warm-up input shape, batch_size, get).
+BATCHED = {
+    "myrtle5_batch_nngp": ("Myrtle-5 batch nngp", "myrtle5", (12, 32, 32, 3), (2, 8, 8, 3), 4, "nngp"),
+    "myrtle5_batch_both": ("Myrtle-5 batch both", "myrtle5", (12, 32, 32, 3), (2, 8, 8, 3), 4, ("nngp", "ntk")),
+    "myrtle5_batch24": ("Myrtle-5 b8 N=24 nngp", "myrtle5", (24, 32, 32, 3), (2, 8, 8, 3), 8, "nngp"),
+}
+DEFAULT_BATCHED = ("myrtle5_batch_nngp", "myrtle5_batch_both")
+# batched against unbatched (the same library, float64 rounding), and against nt (all entries: the ReLU NTK's
+# square-root singularity at coincident points, which nt's tiles meet as kernel_fn(tile, tile); off the diagonal)
+BATCH_TOL = {"nngp": 1e-12, "ntk": 1e-12, "nngp_vs_nt": 1e-6, "ntk_vs_nt": 1e-6,
+             "nngp_vs_nt_off_diagonal": 1e-10, "ntk_vs_nt_off_diagonal": 1e-10}
+
+
+def label(name: str) -> str:
+    return BATCHED[name][0] if name in BATCHED else CASES[name][0]
+
+
+def input_shape(name: str) -> tuple:
+    return BATCHED[name][2] if name in BATCHED else CASES[name][1]
+
+
 # Cases whose kernel_fn takes a graph pattern: (N, nodes, nodes) adjacency, drawn with the inputs.
 PATTERN_CASES = ("graph",)
 
@@ -137,6 +167,9 @@ def worker(library: str, case: str, inputs_path: str, out_path: str, repeats: in
     import resource
 
     inputs = np.load(inputs_path)
+    if case in BATCHED:
+        batched_worker(library, case, stax, inputs, out_path, repeats)
+        return
 
     def call_args(x, pattern):
         # x2 = None: the train-train kernel; a graph case passes its adjacency for both arguments.
@@ -175,6 +208,62 @@ def worker(library: str, case: str, inputs_path: str, out_path: str, repeats: in
     Path(out_path + ".json").write_text(json.dumps(info))
 
 
+def batched_worker(library: str, case: str, stax, inputs, out_path: str, repeats: int) -> None:
+    """Time ``batch(kernel_fn, batch_size)(x, None, get)`` with one library (its own ``batch``); ours also saves
+    the unbatched ``kernel_fn(x, None, get)`` (as ``ref_<field>``), computed after the timed calls."""
+    import resource
+
+    import jax
+    import jax.numpy as jnp
+
+    if library == "ours":
+        from smnngp import nt as library_nt
+    else:
+        import neural_tangents as library_nt
+
+    _, arch, _, tiny_shape, batch_size, get = BATCHED[case]
+    kernel_fn = build(stax, arch)[2]
+    # As for the unbatched rows: backend start-up and the first trace of each layer type are not the row's cost.
+    tiny = jnp.ones(tiny_shape, jnp.float64)
+    jax.block_until_ready(jax.jit(lambda a: build(stax, arch)[2](a, None, get))(tiny))
+
+    x = jax.block_until_ready(jax.device_put(jnp.asarray(inputs[case], jnp.float64)))
+    batched = library_nt.batch(kernel_fn, batch_size=batch_size)
+    out, first, steady = time_first_and_steady(lambda a: batched(a, None, get), x, repeats=repeats)
+    names = (get,) if isinstance(get, str) else tuple(get)
+    fields = {n: np.asarray(out if isinstance(get, str) else getattr(out, n)) for n in names}
+    if library == "ours":
+        ref = jax.jit(lambda a: kernel_fn(a, None, get))(x)
+        fields.update({"ref_" + n: np.asarray(ref if isinstance(get, str) else getattr(ref, n)) for n in names})
+    np.savez(out_path + ".npz", **fields)
+    info = {"jax": jax.__version__, "jaxlib": jax.lib.__version__, "device": jax.devices()[0].device_kind,
+            "first": first, "steady": steady, "planned_bytes": None,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if library == "nt":
+        info["neural_tangents"] = library_nt.__version__
+    Path(out_path + ".json").write_text(json.dumps(info))
+
+
+def batch_check(ours: dict, nt: dict | None) -> dict:
+    """`_common.check` of a batched row: ours against our unbatched kernel, and against nt's batch where it ran."""
+    errors = {}
+    for f in (k for k in ours if not k.startswith("ref_")):
+        errors[f] = kernel_error(ours[f], ours["ref_" + f])["all"]
+        if nt is not None:
+            e = kernel_error(ours[f], nt[f])
+            errors[f + "_vs_nt"], errors[f + "_vs_nt_off_diagonal"] = e["all"], e["off_diagonal"]
+    reference = "our unbatched kernel_fn(x, None, get)" + ("; nt 0.6.5's batch, same inputs" if nt else "")
+    return check(errors, BATCH_TOL, reference)
+
+
+def kernel_error(a, b) -> dict[str, float]:
+    """`relative_error`, or inf where the shapes differ or ``a`` is not finite."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.shape != b.shape or not np.all(np.isfinite(a)):
+        return {"all": float("inf"), "off_diagonal": float("inf")}
+    return relative_error(a, b)
+
+
 # ---------------------------------------------------------------------------
 # Parent: inputs, workers, comparison, report
 # ---------------------------------------------------------------------------
@@ -184,7 +273,7 @@ def make_inputs(names) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(SEED)
     out = {}
     for name in names:
-        out[name] = rng.standard_normal(CASES[name][1])
+        out[name] = rng.standard_normal(input_shape(name))
         if name in PATTERN_CASES:  # a random undirected graph per input, with self-loops
             n, nodes = CASES[name][1][:2]
             edges = rng.random((n, nodes, nodes)) < 0.25
@@ -216,7 +305,7 @@ def run_worker(python: str, library: str, case: str, inputs_path: str, out_path:
         raise SystemExit(f"{library} worker for {case} failed with exit code {proc.returncode}")
     info = json.loads(Path(out_path + ".json").read_text())
     with np.load(out_path + ".npz") as kernels:
-        return info, {f: kernels[f] for f in ("nngp", "ntk")}
+        return info, {f: kernels[f] for f in kernels.files}
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -272,17 +361,50 @@ def print_table(names, ours: dict, nt: dict | None) -> None:
                 f"{o['steady']:9.4f} {n['steady']:9.4f} {o['steady'] / n['steady']:6.2f}"
             )
             mem = f"{_mb(o['peak_rss_bytes']):>8s} {_mb(n['peak_rss_bytes']):>8s}"
-        print(f"{CASES[name][0]:18s} {cells}   {mem}")
+        print(f"{label(name):18s} {cells}   {mem}")
     print("seconds; 1st = first call (trace + compile + run), run = best steady-state call;")
     print("ratio = ours / neural-tangents (below 1: we are faster); MB = the worker process's peak resident memory")
     print("(the JSON also records what XLA plans for the compiled call, where the backend reports it)")
+
+
+def print_batched(names, timings: dict, kernels: dict, have_oracle: bool, report: dict) -> None:
+    """The batched rows: checks first, then the timings with ratios (``WRONG`` in place of a ratio past a
+    check); each row also goes into ``report['cases']``."""
+    print("batched rows: batch(kernel_fn, batch_size)(x, None, get), no jit around it; checks (max |err| / max |ref|):")
+    checks = {}
+    for name in names:
+        checks[name] = batch_check(kernels["ours"][name], kernels["nt"][name] if have_oracle else None)
+        print(f"  {label(name):22s} {check_text(checks[name])}")
+    head = (f"{'case':22s} {'N':>3s} {'tile':>4s} {'ours 1st':>9s} {'NT 1st':>9s} {'ratio':>6s}   {'ours run':>9s} "
+            f"{'NT run':>9s} {'ratio':>6s}")
+    print()
+    print(head)
+    print("-" * len(head))
+    for name in names:
+        _, arch, shape, _, batch_size, get = BATCHED[name]
+        o = timings["ours"][name]
+        entry = {"label": label(name), "architecture": arch, "input_shape": list(shape), "batch_size": batch_size,
+                 "get": get, "ours": o, "check": checks[name]}
+        if have_oracle:
+            n = timings["nt"][name]
+            entry.update(nt=n, ratio_first=o["first"] / n["first"], ratio_steady=o["steady"] / n["steady"])
+            cells = (f"{o['first']:9.2f} {n['first']:9.2f} {ratio_text(entry['ratio_first'], checks[name]):>6s}   "
+                     f"{o['steady']:9.2f} {n['steady']:9.2f} {ratio_text(entry['ratio_steady'], checks[name]):>6s}")
+        else:
+            cells = f"{o['first']:9.2f} {'-':>9s} {'-':>6s}   {o['steady']:9.2f} {'-':>9s} {'-':>6s}"
+        print(f"{label(name):22s} {shape[0]:3d} {batch_size:4d} {cells}")
+        report["cases"][name] = entry
+    print("seconds; 1st = first call (trace + compile + run), run = best steady-state call; "
+          "ratio = ours / neural-tangents")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="steady-state calls after the first (best is kept)")
     parser.add_argument("--rounds", type=int, default=1, help="fresh processes per measurement (best is kept)")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    parser.add_argument("--cases", default=",".join(list(CASES) + list(DEFAULT_BATCHED)),
+                        help=f"comma-separated subset of {','.join(list(CASES) + list(BATCHED))} (default: all but "
+                             f"{','.join(sorted(set(BATCHED) - set(DEFAULT_BATCHED)))})")
     parser.add_argument("--platform", default="cpu", choices=("cpu", "cuda"),
                         help="JAX backend of every worker (default cpu; the oracle environment is CPU-only, so with "
                              "cuda only smnngp is timed unless SMNNGP_ORACLE_VENV has a CUDA build)")
@@ -294,9 +416,9 @@ def main(argv=None) -> None:
     if args.repeats < 1 or args.rounds < 1:
         parser.error("--repeats and --rounds must be at least 1")
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = [c for c in names if c not in CASES]
+    unknown = [c for c in names if c not in CASES and c not in BATCHED]
     if unknown or not names:
-        parser.error(f"--cases: unknown {unknown}; choose from {','.join(CASES)}")
+        parser.error(f"--cases: unknown {unknown}; choose from {','.join(list(CASES) + list(BATCHED))}")
     if args.worker:
         worker(args.worker, names[0], args.inputs, args.out, args.repeats)
         return
@@ -346,10 +468,12 @@ def main(argv=None) -> None:
     if have_oracle:
         line += f"; neural-tangents {versions['nt']['neural_tangents']} on jax {versions['nt']['jax']}"
     print(line)
-    if have_oracle:
+    plain = [n for n in names if n not in BATCHED]
+    batched = [n for n in names if n in BATCHED]
+    if have_oracle and plain:
         print("agreement, max |ours - NT| / max |NT| (in brackets: off the diagonal k(x_i, x_i)):")
-    for name in names:
-        entry = {"label": CASES[name][0], "input_shape": list(CASES[name][1]), "ours": timings["ours"][name]}
+    for name in plain:
+        entry = {"label": label(name), "input_shape": list(input_shape(name)), "ours": timings["ours"][name]}
         if have_oracle:
             ours, nt = timings["ours"][name], timings["nt"][name]
             errors = {f: relative_error(kernels["ours"][name][f], kernels["nt"][name][f]) for f in ("nngp", "ntk")}
@@ -360,10 +484,15 @@ def main(argv=None) -> None:
                 max_abs_diff_over_max_abs=errors,
             )
             cells = ", ".join(f"{f} {e['all']:.1e} ({e['off_diagonal']:.1e})" for f, e in errors.items())
-            print(f"  {CASES[name][0]:14s} {cells}")
+            print(f"  {label(name):14s} {cells}")
         report["cases"][name] = entry
-    print()
-    print_table(names, timings["ours"], timings.get("nt"))
+    if plain:
+        print()
+        print_table(plain, timings["ours"], timings.get("nt"))
+    if batched:
+        if plain:
+            print()
+        print_batched(batched, timings, kernels, have_oracle, report)
 
     report["machine"]["platform_backend"] = PLATFORM
     write_results(Path(args.results), report)

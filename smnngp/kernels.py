@@ -326,6 +326,153 @@ def kernel_memory_bytes(kernel_fn: Callable, x1, x2, get=("nngp", "ntk")) -> int
     return 8 * max(sizes)
 
 
+# -- tiles: what `batched_kernel_fn` and `smnngp.nt.batch` share ----------------------------------------------
+
+
+_TRACED = object()  # the place of an array leaf in a StaticArgs
+
+
+class StaticArgs:
+    """The non-array part of a kernel function's extra arguments: their pytree structure and every leaf that is
+    not an array (strings such as ``get``, flags, Python numbers, callables), hashable so that it can be a static
+    argument of `jax.jit` (one compilation per distinct value, as neural-tangents' ``batch`` closes over them).
+
+    Two are equal when their structures are and their static leaves are of the same types and equal (``1`` and
+    ``1.0`` differ: they would trace to different dtypes).
+
+    Raises:
+        TypeError: when built, if a static leaf (or the structure) is not hashable, naming it.
+    """
+
+    __slots__ = ("treedef", "values", "_hash")
+
+    def __init__(self, treedef, values: tuple):
+        self.treedef = treedef
+        self.values = values
+        try:
+            self._hash = hash((treedef, tuple((type(v), v) for v in values if v is not _TRACED)))
+        except TypeError as err:
+            bad = next((v for v in values if v is not _TRACED and not _hashable(v)), None)
+            what = f"argument {bad!r} of type {type(bad).__name__}" if bad is not None else f"structure {treedef}"
+            raise TypeError(f"kernel_fn {what} is neither an array nor hashable, so it cannot be a static argument "
+                            f"of a compiled tile") from err
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, StaticArgs) or self._hash != other._hash or self.treedef != other.treedef:
+            return False
+        return all(type(a) is type(b) and _static_equal(a, b) for a, b in zip(self.values, other.values))
+
+    def merge(self, dynamic):
+        """The arguments again, from the array leaves ``dynamic`` (in the order `split_static` gave them)."""
+        it = iter(dynamic)
+        return jax.tree_util.tree_unflatten(self.treedef, [next(it) if v is _TRACED else v for v in self.values])
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+def _static_equal(a, b) -> bool:
+    if a is b:
+        return True
+    same = a == b
+    return bool(same) if isinstance(same, (bool, np.bool_)) else False
+
+
+def split_static(tree) -> tuple[list, StaticArgs]:
+    """``(arrays, static)``: the array leaves of ``tree`` (NumPy or JAX arrays, tracers included), to be traced,
+    and the rest as a `StaticArgs` (``static.merge(arrays)`` gives ``tree`` back).
+
+    The one rule for which arguments of a tiled kernel function are compiled in and which are traced.
+
+    Raises:
+        TypeError: if a leaf that is not an array is not hashable.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    arrays = [leaf for leaf in leaves if isinstance(leaf, (jax.Array, np.ndarray))]
+    values = tuple(_TRACED if isinstance(leaf, (jax.Array, np.ndarray)) else leaf for leaf in leaves)
+    return arrays, StaticArgs(treedef, values)
+
+
+def compiled_tile_fn(kernel_fn: Callable, *, vmap: bool = False, in_shardings=None, out_shardings=None) -> Callable:
+    """``run(x1, x2, args, kwargs)``: ``kernel_fn(x1, x2, *args, **kwargs)`` compiled once per tile shape and per
+    value of the static part of ``args``/``kwargs`` (`split_static`), and reused for every tile of that shape.
+
+    With ``vmap=True`` the leaves of ``x1`` and ``x2`` carry a leading axis of tiles and the call evaluates all of
+    them in one program (``args``/``kwargs`` shared); ``in_shardings``/``out_shardings`` (for ``(x1, x2, arrays of
+    args and kwargs)`` and for the result) are `jax.jit`'s. The same (hashable) ``kernel_fn`` and options give the
+    same ``run`` and its compiled programs (the 64 latest kept), as neural-tangents' ``batch`` keeps one cache for
+    every batched function of one ``kernel_fn``.
+
+    Raises:
+        TypeError: when ``run`` is called, if an argument that is not an array is not hashable.
+    """
+    try:
+        return _cached_tile_fn(kernel_fn, vmap, in_shardings, out_shardings)
+    except TypeError:  # a kernel_fn that cannot be a cache key: programs of its own
+        return _tile_fn(kernel_fn, vmap, in_shardings, out_shardings)
+
+
+def _tile_fn(kernel_fn, vmap, in_shardings, out_shardings):
+    def tile(static, x1, x2, dynamic):
+        args, kwargs = static.merge(dynamic)
+        return kernel_fn(x1, x2, *args, **kwargs)
+
+    if vmap:
+        def body(static, x1, x2, dynamic):
+            return jax.vmap(functools.partial(tile, static), in_axes=(0, 0, None))(x1, x2, dynamic)
+    else:
+        body = tile
+    shardings = {k: v for k, v in (("in_shardings", in_shardings), ("out_shardings", out_shardings)) if v is not None}
+    jitted = jax.jit(body, static_argnums=0, **shardings)
+
+    def run(x1, x2, args=(), kwargs=None):
+        dynamic, static = split_static((tuple(args), dict(kwargs or {})))
+        return jitted(static, x1, x2, dynamic)
+
+    return run
+
+
+_cached_tile_fn = functools.lru_cache(maxsize=64)(_tile_fn)
+
+
+def pad_to(x, size: int, axis: int = 0):
+    """``x`` with its last entry along ``axis`` repeated up to ``size`` entries (NumPy in, NumPy out; else JAX).
+
+    A tile padded with copies of a real point is still a valid input of any kernel function: the padded entries
+    are computed as for real points and cut off afterwards, so that every tile has one shape (one compilation).
+    """
+    n = x.shape[axis]
+    if n == size:
+        return x
+    if n > size:
+        raise ValueError(f"pad_to: axis {axis} has {n} entries, more than {size}")
+    xp = np if isinstance(x, np.ndarray) else jnp
+    last = xp.take(x, np.array([n - 1]), axis=axis)
+    return xp.concatenate([x, xp.repeat(last, size - n, axis=axis)], axis=axis)
+
+
+def swap_pairs(block, diagonal_spatial: bool):
+    """A kernel block k(a, b) as k(b, a): the batch pair of axes swapped, and every later pair of interleaved
+    spatial axes too unless ``diagonal_spatial`` (then each later axis is one position shared by both points).
+    NumPy in, NumPy out; else JAX. Arrays of fewer than 2 axes are returned as they are."""
+    if block is None or np.ndim(block) < 2:
+        return block
+    ndim = np.ndim(block)
+    order = [1, 0] + list(range(2, ndim))
+    if not diagonal_spatial:
+        for s in range(2, ndim - 1, 2):
+            order[s], order[s + 1] = s + 1, s
+    return np.transpose(block, order) if isinstance(block, np.ndarray) else jnp.transpose(block, order)
+
+
 def _choose_batch_size(kernel_fn, x1, x2, get, max_memory_bytes: int, n_max: int) -> int:
     """Largest power-of-two tile whose compiled footprint stays under the cap."""
     b = 1
@@ -340,13 +487,6 @@ def _choose_batch_size(kernel_fn, x1, x2, get, max_memory_bytes: int, n_max: int
     return 1
 
 
-def _pad_rows(x: np.ndarray, n: int) -> np.ndarray:
-    if x.shape[0] == n:
-        return x
-    pad = np.repeat(x[-1:], n - x.shape[0], axis=0)
-    return np.concatenate([x, pad], axis=0)
-
-
 def batched_kernel_fn(
     kernel_fn: Callable,
     batch_size: int | None = None,
@@ -359,12 +499,14 @@ def batched_kernel_fn(
 
     ``x1`` and ``x2`` are cut into blocks of ``batch_size`` rows (chosen from
     ``max_memory_bytes`` when ``None``: the largest power of two whose compiled
-    tile fits). Groups of tiles are evaluated in one `jit` call whose tile axis
-    is sharded over ``devices`` (all local devices by default) with a
-    `NamedSharding`, so each device computes its own tiles; on several hosts
-    initialised with `jax.distributed`, pass the global `jax.devices()`.
-    Results are written into host (numpy) arrays, so N = 20,000 needs only the
-    output itself (3.2 GB per float64 kernel) plus one group of tiles.
+    tile fits); the last block is padded with copies of the last point (cut off
+    again), so every block has one shape. Groups of tiles are evaluated in one
+    `jit` call whose tile axis is sharded over ``devices`` (all local devices by
+    default) with a `NamedSharding`, so each device computes its own tiles; on
+    several hosts initialised with `jax.distributed`, pass the global
+    `jax.devices()`. Results are written into host (numpy) arrays, so N = 20,000
+    needs only the output itself (3.2 GB per float64 kernel) plus one group of
+    tiles.
 
     When ``x2`` is ``None`` only the tiles on and above the block diagonal are
     computed and the rest is filled by symmetry.
@@ -372,8 +514,9 @@ def batched_kernel_fn(
     The returned function has the signature ``fn(x1, x2=None, get=('nngp','ntk'),
     *args, **kwargs)`` and returns numpy arrays in the same structure as
     ``kernel_fn``; ``args`` and ``kwargs`` go to every call of ``kernel_fn``
-    (the ``params`` of an empirical kernel, ``diagonal_spatial=True``): array
-    values are traced and replicated on every device, others are static.
+    (the ``params`` of an empirical kernel, ``diagonal_spatial=True``): their
+    array leaves are traced and replicated on every device, the other leaves are
+    static (`split_static`, the rule `smnngp.nt.batch` follows too).
 
     Args:
         kernel_fn: ``kernel_fn(x1, x2, get=...)`` to evaluate; it must return a named tuple of the requested
@@ -400,26 +543,14 @@ def batched_kernel_fn(
     tile_sharding = NamedSharding(mesh, PartitionSpec("tiles"))
     replicated = NamedSharding(mesh, PartitionSpec())
 
-    compiled_cache: dict = {}
+    def one_tile(a, b, names, self_pair, *args, **kwargs):
+        # A tile on the diagonal of a symmetric kernel is k(a, a): computed as kernel_fn(a, None), which is what
+        # makes it the same as the unbatched kernel where a layer tells x2 = x1 apart (Dropout).
+        out = kernel_fn(a, None if self_pair else b, names, *args, **kwargs)
+        return tuple(getattr(out, n) for n in names)
 
-    def group_fn(get_key, static_kwargs, n_args, self_pair):
-        key = (get_key, static_kwargs, n_args, self_pair)
-        if key not in compiled_cache:
-            names = get_key
-
-            def one_tile(a, b, extra):
-                # A tile on the diagonal of a symmetric kernel is k(a, a): computed as kernel_fn(a, None), which
-                # is what makes it the same as the unbatched kernel where a layer tells x2 = x1 apart (Dropout).
-                args, array_kwargs = extra
-                out = kernel_fn(a, None if self_pair else b, names, *args, **array_kwargs, **dict(static_kwargs))
-                return tuple(getattr(out, n) for n in names)
-
-            compiled_cache[key] = jax.jit(
-                jax.vmap(one_tile, in_axes=(0, 0, None)),
-                in_shardings=(tile_sharding, tile_sharding, replicated),
-                out_shardings=replicated,
-            )
-        return compiled_cache[key]
+    tiles_fn = compiled_tile_fn(one_tile, vmap=True, in_shardings=(tile_sharding, tile_sharding, replicated),
+                                out_shardings=replicated)
 
     def fn(x1, x2=None, get=("nngp", "ntk"), *args, **kwargs):
         names, single = canonical_get(get)
@@ -428,10 +559,6 @@ def batched_kernel_fn(
         if "pattern" in kwargs and kwargs["pattern"] is not None:
             raise ValueError("batched_kernel_fn: a per-point keyword (pattern) cannot be tiled; call kernel_fn "
                              "directly")
-        # Array-valued extras (the params of an empirical kernel_fn) are traced and replicated on every device;
-        # the others (diagonal_spatial=True, ...) are static.
-        array_kwargs = {k: v for k, v in kwargs.items() if _is_array_tree(v)}
-        static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if k not in array_kwargs))
         x1 = np.asarray(x1)
         symmetric = x2 is None
         x2 = x1 if symmetric else np.asarray(x2)
@@ -442,16 +569,20 @@ def batched_kernel_fn(
         n1, n2 = x1.shape[0], x2.shape[0]
         b = batch_size
         if b is None:
-            sized = functools.partial(_with_extras, kernel_fn, args, array_kwargs, static_kwargs)
+            def sized(a, c, get):
+                return kernel_fn(a, c, get, *args, **kwargs)
+
             b = _choose_batch_size(sized, x1, x2, names, max_memory_bytes, max(n1, n2))
         b1, b2 = min(b, n1), min(b, n2)
         t1, t2 = -(-n1 // b1), -(-n2 // b2)
-        x1p = _pad_rows(x1, t1 * b1).reshape((t1, b1) + x1.shape[1:])
-        x2p = _pad_rows(x2, t2 * b2).reshape((t2, b2) + x2.shape[1:])
+        x1p = pad_to(x1, t1 * b1).reshape((t1, b1) + x1.shape[1:])
+        x2p = pad_to(x2, t2 * b2).reshape((t2, b2) + x2.shape[1:])
         pairs = [(i, j) for i in range(t1) for j in range(t2) if not (symmetric and j < i)]
         group = len(devs)
-        extra = (tuple(args), array_kwargs)
         outs = [None] * len(names)
+        # The layout of the spatial axes, for mirroring: as asked, else read off the shape (interleaved pairs of
+        # equal sizes, one per spatial axis of the inputs).
+        diag_spatial = kwargs.get("diagonal_spatial")
         # Groups of tiles: with x2 = None, the diagonal tiles form groups of their own (see one_tile).
         batches = []
         for self_pair in ((True, False) if symmetric else (False,)):
@@ -463,12 +594,11 @@ def batched_kernel_fn(
 
             iterator = tqdm(iterator, desc="kernel tiles", unit="group")
         for self_pair, chunk in iterator:
-            tile = group_fn(names, static_kwargs, len(args), self_pair)
             # Pad the last group by repeating a pair so every device has a tile.
             padded = chunk + [chunk[-1]] * (group - len(chunk))
             a = x1p[np.array([p[0] for p in padded])]
             c = x2p[np.array([p[1] for p in padded])]
-            results = [np.asarray(r) for r in tile(a, c, extra)]
+            results = [np.asarray(r) for r in tiles_fn(a, c, (names, self_pair) + tuple(args), kwargs)]
             for r_idx, res in enumerate(results):
                 if outs[r_idx] is None:
                     tail = res.shape[3:]
@@ -477,32 +607,20 @@ def batched_kernel_fn(
                     blk = res[g]
                     outs[r_idx][i * b1 : (i + 1) * b1, j * b2 : (j + 1) * b2] = blk
                     if symmetric and i != j:
-                        outs[r_idx][j * b2 : (j + 1) * b2, i * b1 : (i + 1) * b1] = _swap_pair(blk)
+                        flat = _reads_diagonal_spatial(blk, x1.ndim - 2) if diag_spatial is None else diag_spatial
+                        outs[r_idx][j * b2 : (j + 1) * b2, i * b1 : (i + 1) * b1] = swap_pairs(blk, flat)
         return pack(names, single, (o[:n1, :n2] for o in outs))
 
     return fn
 
 
-def _is_array_tree(value) -> bool:
-    leaves = jax.tree_util.tree_leaves(value)
-    return bool(leaves) and all(isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves)
-
-
-def _with_extras(kernel_fn, args, array_kwargs, static_kwargs, x1, x2, get):
-    return kernel_fn(x1, x2, get, *args, **array_kwargs, **dict(static_kwargs))
-
-
-def _swap_pair(block: np.ndarray) -> np.ndarray:
-    """Transpose a kernel block k(a, b) into k(b, a), spatial pairs included."""
-    axes = [1, 0]
-    rest = block.ndim - 2
-    # Full spatial layout interleaves (position of a, position of b) pairs.
-    if rest and rest % 2 == 0 and all(block.shape[2 + 2 * i] == block.shape[3 + 2 * i] for i in range(rest // 2)):
-        for i in range(rest // 2):
-            axes += [3 + 2 * i, 2 + 2 * i]
-    else:
-        axes += list(range(2, block.ndim))
-    return np.transpose(block, axes)
+def _reads_diagonal_spatial(block, spatial_ndim: int) -> bool:
+    """Whether a kernel block's axes after the batch pair are single positions (not interleaved pairs), read off
+    its shape when the caller did not say: pairs when there are two axes of equal size per spatial axis."""
+    rest = np.ndim(block) - 2
+    pairs = rest > 0 and rest == 2 * spatial_ndim and all(
+        block.shape[2 + 2 * i] == block.shape[3 + 2 * i] for i in range(rest // 2))
+    return not pairs
 
 
 def diagonal(kernel_fn: Callable, x, get=("nngp", "ntk"), batch_size: int = 1024):

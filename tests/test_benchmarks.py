@@ -60,6 +60,16 @@ def test_kernels_benchmark_times_smnngp_alone_without_the_oracle(tmp_path):
     assert "Timing smnngp only" in out and results.exists()
 
 
+def test_kernels_batched_row_checks_its_answer_against_the_unbatched_kernel(tmp_path):
+    """The `nt.batch` row (issue 50) runs without the oracle and records its check against the unbatched kernel."""
+    results = tmp_path / "kernels.json"
+    out = run_benchmark("kernels.py", "--cases", "myrtle5_batch_nngp", "--repeats", "1", "--results", str(results),
+                        timeout=600)
+    row = json.loads(results.read_text())["cases"]["myrtle5_batch_nngp"]
+    assert row["check"]["ok"] and row["check"]["errors"]["nngp"] <= 1e-12, row["check"]
+    assert row["ours"]["first"] > 0 and "Myrtle-5 batch nngp" in out
+
+
 def test_matfree_product_agrees_with_the_dense_product():
     out = run_benchmark("matfree_product.py", "--n", "300", "--columns", "3", "--tile", "128", "--repeats", "1")
     rows = [line for line in out.splitlines() if "per product" in line]
