@@ -1,7 +1,8 @@
 """Differential kernel tester (issue 49, part 1): generated networks, two engines, Monte Carlo.
 
 For each network drawn from the grammar in tests/_kernel_grammar.py (Dense, activations, residual FanOut /
-parallel / FanInSum / FanInProd / FanInConcat blocks, LayerNorm, a Dense(1) read-out):
+parallel / FanInSum / FanInProd / FanInConcat blocks, LayerNorm, a Dense(1) read-out; and the families of images,
+sequences and two inputs below):
 
 1. where `smnngp.stax` and `smnngp.traced` (on the same network written in plain JAX) both accept it, their NNGP and
    NTK agree to 1e-8 relative to the largest entry (1e-3 where either side may integrate by quadrature:
@@ -9,12 +10,27 @@ parallel / FanInSum / FanInProd / FanInConcat blocks, LayerNorm, a Dense(1) read
 2. every accepted NNGP agrees with Monte Carlo of its own finite network (stax's init_fn / apply_fn, or traced's
    where stax refuses) entrywise within 5 standard errors (estimated from the per-draw kernels) plus 2 % of the
    largest diagonal entry (finite-width bias);
-3. a refusal is a ValueError / NotImplementedError / TracedError with a message; any other exception fails.
+3. a refusal is a ValueError / NotImplementedError / TracedError with a message; any other exception fails (in the
+   new families also one raised from inside numpy or JAX rather than smnngp).
 
-This is the fast CI profile (a few derandomised Hypothesis examples and fixed combinator networks, width 256,
-200 draws of 32 read-out channels: about 35 s on 2 cores with an empty compilation cache, 25 s with a warm one);
-`python scripts/kernel_audit.py --networks N --seed S` is the long run. The z-test's power: an error of about 20 %
-of the kernel or more is caught; quadrature gaps (1e-3) are caught only by the stax-vs-traced comparison.
+The other families: convolutional networks on 4 images of 5 x 5 x 2 (Conv 2x2 / 3x3, 'SAME' / 'VALID', strides 1
+and 2, pooling, LayerNorm over the channels or over positions and channels, residual blocks with convolutional
+branches, Flatten or GlobalAvgPool); attention over 4 sequences of 5 x 3 (GlobalSelfAttention with
+linear_scaling=True and softmax / identity / relu / abs weights, one or two heads, in residual blocks, Dense per
+position, LayerNorm, activations other than Exp); two inputs of 3 and 3 (or 5) features through their own
+branches, then FanInSum / FanInProd / FanInConcat (stax gets the list; traced the two concatenated and sliced in the
+program, and the tuple itself as a second spelling).
+
+This is the fast CI profile (a few derandomised Hypothesis examples per family and fixed networks). Dense and
+two-input networks: width 256, 200 draws of 32 read-out channels; the z-test's power: an error of about 20 % of the
+kernel or more is caught. Images and sequences: width 128, 200 draws; their standard errors are 1.7-2.5 % of the
+largest entry, so about 15-20 % is caught there too (on the fixed networks below a kernel scaled by 1.2 or 0.8 gives
+z-scores of 7.5 to 11, one scaled by 1.15 of 5 to 8). In the new families a Monte-Carlo mismatch is tested again on
+networks 4 times wider, which decide (finite-width bias: softmax attention after large logits was off by 16 % at
+width 256, 6 % at 1,024, within its standard error at 4,096). Quadrature gaps (1e-3) are caught only by the
+stax-vs-traced comparison. Measured on these 2 cores while another process held one of them: 75-110 s with an
+empty compilation cache, 35-41 s with a warm one (the file before the new families: 55 s and 16 s).
+`python scripts/kernel_audit.py --family F --networks N --seed S` is the long run.
 """
 
 from __future__ import annotations
@@ -51,6 +67,48 @@ def _check(spec):
     return rec
 
 
+# Monte Carlo of the new families: XLA compiles the vmapped convolutions of a batch of draws slowly, so images run
+# one draw at a time (lax.map); widths and draws keep the standard errors near 2 % of the largest entry
+FAMILY_FAST = {"conv": dict(width=128, draws=200), "attention": dict(width=128, draws=200),
+               "multi": dict(width=256, draws=200, tuple_spellings=False)}
+# Findings of this tester not yet fixed in the library, each pinned by an xfail test below: they do not fail the
+# networks that show them (every two-input network does)
+KNOWN = ("traced (tuple input) crashed", "traced (tuple input, jitted) crashed")
+
+
+def _check_family(spec, **kw):
+    family = g.family_of(spec)
+    options = {**FAMILY_FAST[family], **g.AUDIT_OPTIONS[family], **kw}
+    rec = g.audit_one(spec, g.family_inputs(spec), seed=0, **options)
+    print(rec["spec"], "| stax", rec["stax"][:120], "| traced", rec["traced"][:160])  # shown with -s
+    found = [f for f in g.failures(rec) if not f.startswith(KNOWN)]
+    assert not found, (rec["spec"], found)
+    return rec
+
+
+@st.composite
+def family_networks(draw, family, **kw):
+    return g.draw_family(family, g.Chooser(draw=draw), **kw)
+
+
+@settings(PROFILE, max_examples=2)
+@given(family_networks("conv", max_blocks=3))
+def test_generated_conv_networks_agree_or_are_refused_clearly(spec):
+    _check_family(spec)
+
+
+@settings(PROFILE, max_examples=2)
+@given(family_networks("attention", max_blocks=3))
+def test_generated_attention_networks_agree_or_are_refused_clearly(spec):
+    _check_family(spec)
+
+
+@settings(PROFILE, max_examples=2)
+@given(family_networks("multi", max_blocks=2))
+def test_generated_two_input_networks_agree_or_are_refused_clearly(spec):
+    _check_family(spec)
+
+
 @PROFILE
 @given(networks(max_blocks=3))
 def test_generated_networks_agree_or_are_refused_clearly(spec):
@@ -78,6 +136,12 @@ FIXED = {
     # found by scripts/kernel_audit.py --networks 100 --seed 0 (networks 89 and 75), see the marks below
     "prod-id-sin-gelu": (("dense", 1.652, 0.0), ("dense", 0.724, 0.434), ("res", "prod", ("id",), ("act", ("sin",))),
                          ("act", ("gelu",)), ("dense", 0.835, 0.329)),
+    # a concatenation, then a residual sum of two fresh layers: the grammar's plain JAX kept the concatenation's
+    # width for the next layer's matrix (scripts/kernel_audit.py --family conv --seed 3, network 34: a crash of the
+    # emitted program, not of traced)
+    "concat-then-sum-of-layers": (("dense", 1.1, 0.1), ("res", "concat", ("act", ("gelu",)), ("act", ("erf",))),
+                                  ("res", "sum", ("dense_act", 1.3, 0.2, ("relu",)), ("dense_act", 0.8, 0.0, ("sin",))),
+                                  ("dense", 1.0, 0.0)),
     # scripts/kernel_audit.py --seed 1, network 21 (see below)
     "ln-sum-abrelu-abs": (("dense", 1.233, 0.0), ("layernorm",),
                           ("res", "sum", ("dense_act", 0.625, 0.0, ("abrelu", 0.345, 1.319)),
@@ -110,6 +174,75 @@ def test_fixed_combinator_networks(name):
     _check(FIXED[name])
 
 
+FIXED_FAMILIES = {
+    # a post-activation residual block: both branches are ReLUs with non-zero means at every position, which
+    # GlobalAvgPool averages (the convolutional residual means); traced refuses two activations of spatial layers
+    # in one sum, so this is stax against Monte Carlo
+    "conv-resnet-post-act": (("conv", 3, "SAME", 1, 1.3, 0.1), ("act", ("relu",)),
+                             ("res", "sum", ("id",), ("conv_act", 3, 1.5, 0.2, ("relu",))), ("gap",),
+                             ("dense", 1.0, 0.0)),
+    # LayerNorm over positions and channels right after a ReLU: centred by the mean over every position, each
+    # position keeping its offset, which GlobalAvgPool then averages (traced refuses layer norms of spatial layers)
+    "conv-relu-ln-all": (("conv", 3, "SAME", 1, 1.5, 0.3), ("act", ("relu",)), ("layernorm", (1, 2, 3)), ("gap",),
+                         ("dense", 1.0, 0.0)),
+    # strided, 'VALID' and pooled: both engines, compared at 1e-8
+    "conv-strided-pool": (("conv", 3, "VALID", 1, 1.4, 0.2), ("act", ("erf",)), ("conv", 3, "SAME", 2, 1.2, 0.0),
+                          ("act", ("relu",)), ("pool", "avg", 2, 1, "VALID"), ("flatten",), ("dense", 1.0, 0.1)),
+    # attention in a residual block around a Gaussian, two heads, a ReLU after: both engines
+    "attention-residual": (("dense", 1.2, 0.1), ("res", "sum", ("id",), ("attn", "softmax", 2, 0.8, 1.3, 0.9, 0.2)),
+                           ("act", ("relu",)), ("gap",), ("dense", 1.0, 0.0)),
+    # two inputs, each through its own layer and activation, summed: stax on the list, traced on the two
+    # concatenated and, eagerly, on the tuple (equal to 1e-8); jitted, traced crashes on the tuple (a finding)
+    "two-input": (("inputs2", 3, 3, "sum", (("dense", 1.2, 0.1), ("act", ("relu",))),
+                   (("dense", 0.9, 0.2), ("act", ("erf",)))), ("dense", 1.1, 0.1), ("act", ("relu",)),
+                  ("dense", 1.0, 0.0)),
+}
+BOTH_ENGINES = ("conv-strided-pool", "attention-residual", "two-input")
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_FAMILIES))
+def test_fixed_networks_of_images_sequences_and_two_inputs(name):
+    # the tuple of inputs (traced's second spelling) only here: its eager kernel compiles op by op, slowly
+    rec = _check_family(FIXED_FAMILIES[name], **({"tuple_spellings": True} if name == "two-input" else {}))
+    assert rec["stax_status"] == "accepted" and rec["mc_stax"]["ok"], rec
+    if name in BOTH_ENGINES:
+        assert rec["traced_status"] == "accepted" and rec["diff"]["nngp_rel"] <= 1e-8, rec
+
+
+@pytest.mark.xfail(strict=True, reason="finding (issue 49): traced's kernel_fn takes one array; a tuple of two "
+                                       "inputs of one shape is read eagerly only through jnp.shape's deprecated "
+                                       "conversion of the tuple to one array (a DeprecationWarning), crashes jitted "
+                                       "(TracerArrayConversionError), and inputs of two shapes crash inside numpy "
+                                       "(ValueError: inhomogeneous shape) where they should be refused with a message")
+def test_traced_takes_a_tuple_of_inputs_or_refuses_it_clearly():
+    import warnings
+
+    same = FIXED_FAMILIES["two-input"]
+    other = (same[0][:2] + (5,) + same[0][3:],) + same[1:]   # the second input with 5 features
+    for spec, jit in ((same, True), (other, False)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            status, msg = g.traced_kernel(spec, g.family_inputs(spec), strict=True, inputs="tuple", jit=jit)
+        assert status != "crash", msg
+
+
+def test_strict_refusals_are_raised_by_smnngp():
+    """In the new families a ValueError from inside numpy is a crash, not a refusal; smnngp's own stay refusals."""
+    import numpy as np
+
+    assert g._run(lambda: np.shape([np.zeros(2), np.zeros(3)]), strict=True)[0] == "crash"
+    assert g._run(lambda: np.shape([np.zeros(2), np.zeros(3)]))[0] == "refused"   # the dense family's rule
+    spec = (("dense", 1.0, 0.1), ("act", ("relu",)), ("layernorm",), ("act", ("erf",)), ("dense", 1.0, 0.0))
+    assert g.stax_kernel(spec, X, strict=True)[0] == "refused"
+
+
+def test_dense_family_draws_are_unchanged():
+    """The long dense runs resume by seed: network i of seed s must stay the network it was."""
+    assert g.describe(g.draw_spec(g.Chooser(random.Random(100003)))) == "D(0.767,0.341) > relu > D(1.96,0)"
+    assert g.describe(g.draw_spec(g.Chooser(random.Random(100024)))) == (
+        "D(1.233,0) > LN > sum([D(0.625,0)>abrelu(0.345,1.319)]|[D(1.265,0.079)>abs]) > D(1.805,0.255)")
+
+
 @pytest.mark.parametrize("chain", [
     pytest.param((("sin",), ("abs",)), id="sin-abs"),
     pytest.param((("abs",),), id="abs"),
@@ -121,6 +254,16 @@ def test_layernorm_after_an_activation_against_gaussian_draws(chain):
     Monte Carlo of the finite network, which missed the sin-abs gap at width 256 and 200 draws (3.2 se)."""
     import numpy as np
 
+    spec, want = _layernorm_after_chain(chain)
+    status, val = g.traced_kernel(spec, X)
+    assert status == "accepted", val
+    np.testing.assert_allclose(val[0], want, atol=0.01)
+
+
+def _layernorm_after_chain(chain):
+    """The network Dense > chain > LayerNorm > Dense and its NNGP from 1e6 draws of the Gaussian pre-activations."""
+    import numpy as np
+
     w1, b1, w2, b2 = 1.182, 0.313, 1.497, 0.374
     spec = (("dense", w1, b1),) + tuple(("act", a) for a in chain) + (("layernorm",), ("dense", w2, b2))
     x = np.asarray(X)
@@ -129,8 +272,21 @@ def test_layernorm_after_an_activation_against_gaussian_draws(chain):
     for a in chain:
         u = np.asarray(g.ACTS[a[0]][1](*a[1:])(u))
     c = np.cov(u, rowvar=False)
-    want = w2 ** 2 * c / np.sqrt(np.outer(np.diag(c), np.diag(c))) + b2 ** 2
-    status, val = g.traced_kernel(spec, X)
+    return spec, w2 ** 2 * c / np.sqrt(np.outer(np.diag(c), np.diag(c))) + b2 ** 2
+
+
+@pytest.mark.xfail(strict=True, reason="finding (issue 49): stax integrates the chain |cos u| (kinks at +-pi/2, "
+                                       "away from the split at 0) with 48-node means (gauss_split_1d) and a 16 x 48 "
+                                       "polar rule, and LayerNorm's centring E[phi phi'] - m m' turns their error "
+                                       "into 0.111 on this NNGP (traced: 0.020 at quadrature_degree=32, exact at 256)")
+def test_stax_layernorm_after_cos_abs_against_gaussian_draws():
+    """Found by scripts/kernel_audit.py --family attention --seed 2 (network 32: abs attention gives pre-activation
+    variances up to 1,300, where cos > abs > LayerNorm over positions and channels came out with off-diagonal
+    correlations of -0.46 where the exact ones are 0, and Monte Carlo at widths 256 and 1,024 agreed with 0)."""
+    import numpy as np
+
+    spec, want = _layernorm_after_chain((("cos",), ("abs",)))
+    status, val = g.stax_kernel(spec, X)
     assert status == "accepted", val
     np.testing.assert_allclose(val[0], want, atol=0.01)
 
