@@ -27,4 +27,5 @@ EXPERIMENTS = {
     "lowrank-transformer": "experiments.lowrank_transformer",
     "tanks-onestep": "experiments.tanks_onestep",
     "tanks-simulation": "experiments.tanks_simulation",
+    "dataset-kernel": "experiments.dataset_kernel",
 }
