@@ -160,14 +160,19 @@ def torch_bbb_step(sizes):
     x = torch.tensor(rng.uniform(size=(BATCH, sizes[0])), dtype=torch.float32)
     y = torch.tensor(rng.integers(0, sizes[-1], BATCH))
 
+    def forward(net):
+        """(logits, summed KL terms) of one draw of ``net``'s weights on ``x``."""
+        h, kl = x, 0.0
+        for i, layer in enumerate(net):
+            h, k = layer(h)
+            kl = kl + k
+            if i < len(net) - 1:
+                h = torch.relu(h)
+        return h, kl
+
     def run(n):
         for _ in range(n):
-            h, kl = x, 0.0
-            for i, layer in enumerate(layers):
-                h, k = layer(h)
-                kl = kl + k
-                if i < len(layers) - 1:
-                    h = torch.relu(h)
+            h, kl = forward(layers)
             loss = torch.nn.functional.cross_entropy(h, y) + kl / N_TRAIN
             opt.zero_grad()
             loss.backward()
@@ -199,12 +204,7 @@ def torch_bbb_step(sizes):
                     layer.rho_weight.copy_(torch.tensor(np.asarray(lp.W.rho).T))
                     layer.mu_bias.copy_(torch.tensor(np.asarray(lp.b.mu)))
                     layer.rho_bias.copy_(torch.tensor(np.asarray(lp.b.rho)))
-                h, kl = x, 0.0
-                for i, layer in enumerate(probe):
-                    h, k = layer(h)
-                    kl = kl + k
-                    if i < len(probe) - 1:
-                        h = torch.relu(h)
+                h, kl = forward(probe)
                 return float(torch.nn.functional.cross_entropy(h, y)), float(kl)
 
         def closed_form(p):
