@@ -71,17 +71,12 @@ def _check(spec):
 # one draw at a time (lax.map); widths and draws keep the standard errors near 2 % of the largest entry
 FAMILY_FAST = {"conv": dict(width=128, draws=200), "attention": dict(width=128, draws=200),
                "multi": dict(width=256, draws=200, tuple_spellings=False)}
-# Findings of this tester not yet fixed in the library, each pinned by an xfail test below: they do not fail the
-# networks that show them (every two-input network does)
-KNOWN = ("traced (tuple input) crashed", "traced (tuple input, jitted) crashed")
-
-
 def _check_family(spec, **kw):
     family = g.family_of(spec)
     options = {**FAMILY_FAST[family], **g.AUDIT_OPTIONS[family], **kw}
     rec = g.audit_one(spec, g.family_inputs(spec), seed=0, **options)
     print(rec["spec"], "| stax", rec["stax"][:120], "| traced", rec["traced"][:160])  # shown with -s
-    found = [f for f in g.failures(rec) if not f.startswith(KNOWN)]
+    found = g.failures(rec)
     assert not found, (rec["spec"], found)
     return rec
 
@@ -209,21 +204,57 @@ def test_fixed_networks_of_images_sequences_and_two_inputs(name):
         assert rec["traced_status"] == "accepted" and rec["diff"]["nngp_rel"] <= 1e-8, rec
 
 
-@pytest.mark.xfail(strict=True, reason="finding (issue 49): traced's kernel_fn takes one array; a tuple of two "
-                                       "inputs of one shape is read eagerly only through jnp.shape's deprecated "
-                                       "conversion of the tuple to one array (a DeprecationWarning), crashes jitted "
-                                       "(TracerArrayConversionError), and inputs of two shapes crash inside numpy "
-                                       "(ValueError: inhomogeneous shape) where they should be refused with a message")
 def test_traced_takes_a_tuple_of_inputs_or_refuses_it_clearly():
+    """Found by the two-input family (issue 49): traced's kernel_fn read a tuple of inputs only through JAX's
+    deprecated tuple-to-array conversion, crashed under jit and inside NumPy for two shapes. Now a tuple / list of
+    inputs is read as itself, eagerly and jitted, equal to the concatenated spelling; inputs of two shapes are
+    refused by smnngp with a message naming them."""
     import warnings
+
+    import numpy as np
 
     same = FIXED_FAMILIES["two-input"]
     other = (same[0][:2] + (5,) + same[0][3:],) + same[1:]   # the second input with 5 features
-    for spec, jit in ((same, True), (other, False)):
+    _, want = g.traced_kernel(same, g.family_inputs(same), strict=True, inputs="concat")
+    for jit in (False, True):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            status, msg = g.traced_kernel(spec, g.family_inputs(spec), strict=True, inputs="tuple", jit=jit)
-        assert status != "crash", msg
+            warnings.simplefilter("error", DeprecationWarning)
+            status, got = g.traced_kernel(same, g.family_inputs(same), strict=True, inputs="tuple", jit=jit)
+            assert status == "accepted", got
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-12, atol=1e-14)
+            status, msg = g.traced_kernel(other, g.family_inputs(other), strict=True, inputs="tuple", jit=jit)
+        assert status == "refused" and "(4, 3), (4, 5)" in msg, msg
+
+
+def test_traced_tuple_inputs_bad_input_is_named():
+    import jax
+    import jax.numpy as jnp
+
+    from smnngp import traced
+
+    def apply(p, xs):
+        a, b = xs
+        return jnp.maximum(a @ p["w"], 0) @ p["v"] + jnp.maximum(b @ p["w"], 0) @ p["v"]
+
+    params = {"w": jnp.ones((3, 16)), "v": jnp.ones((16, 1))}
+    priors = {"w": traced.Weight(1.0), "v": traced.Weight(1.0)}
+    init_fn, apply_fn, kernel_fn = traced.infinite_width(apply, params, priors=priors)
+    a, b = jnp.ones((4, 3)), jnp.linspace(0, 1, 12).reshape(4, 3)
+    k = kernel_fn((a, b), None, "nngp")
+    assert k.shape == (4, 4)
+    assert jnp.allclose(kernel_fn([a, b], [a, b], "nngp"), k)   # a list is the same inputs
+    shape, p = init_fn(jax.random.PRNGKey(0), [(4, 3), (4, 3)])
+    assert shape == (4, 1) and apply_fn(p, (a, b)).shape == (4, 1)
+    assert kernel_fn.activations([(4, 3), (4, 3)])
+    with pytest.raises(ValueError, match="one batch size"):
+        kernel_fn((a, b[:3]))
+    with pytest.raises(ValueError, match="empty tuple"):
+        kernel_fn(())
+    with pytest.raises(TypeError, match="flat tuple / list of arrays"):
+        kernel_fn((a, (b, b)))
+    with pytest.raises(ValueError, match="x1 .* and x2 .* must agree"):
+        kernel_fn((a, b), a)
 
 
 def test_strict_refusals_are_raised_by_smnngp():
@@ -275,14 +306,12 @@ def _layernorm_after_chain(chain):
     return spec, w2 ** 2 * c / np.sqrt(np.outer(np.diag(c), np.diag(c))) + b2 ** 2
 
 
-@pytest.mark.xfail(strict=True, reason="finding (issue 49): stax integrates the chain |cos u| (kinks at +-pi/2, "
-                                       "away from the split at 0) with 48-node means (gauss_split_1d) and a 16 x 48 "
-                                       "polar rule, and LayerNorm's centring E[phi phi'] - m m' turns their error "
-                                       "into 0.111 on this NNGP (traced: 0.020 at quadrature_degree=32, exact at 256)")
 def test_stax_layernorm_after_cos_abs_against_gaussian_draws():
     """Found by scripts/kernel_audit.py --family attention --seed 2 (network 32: abs attention gives pre-activation
     variances up to 1,300, where cos > abs > LayerNorm over positions and channels came out with off-diagonal
-    correlations of -0.46 where the exact ones are 0, and Monte Carlo at widths 256 and 1,024 agreed with 0)."""
+    correlations of -0.46 where the exact ones are 0, and Monte Carlo at widths 256 and 1,024 agreed with 0). The
+    chain |cos u| has kinks at +-pi/2, away from the polar rule's split at 0: with 48-node means and a 16 x 48 polar
+    rule stax was 0.111 off; chains now get `_flow.CHAIN_MEAN_NODES` / `CHAIN_POLAR_NODES`."""
     import numpy as np
 
     spec, want = _layernorm_after_chain((("cos",), ("abs",)))
@@ -327,3 +356,34 @@ def test_empirical_ntk_of_a_generated_mlp():
     mc = monte_carlo_kernel_fn(init_fn, apply_fn, jax.random.PRNGKey(5), 16, implementation=2)
     emp = mc(X, None, "ntk")
     assert g.rel_err(emp, ntk) < 0.05, (g.describe(spec), g.rel_err(emp, ntk))
+
+
+@pytest.mark.parametrize("spec, reason", [
+    pytest.param((("dense", 0.656, 0.0), ("layernorm",), ("attn", "softmax", 2, 1.188, 1.327, 1.82, 0.452),
+                  ("flatten",), ("dense", 0.523, 0.0)), "over the width (channels) at each position",
+                 id="layernorm-channels-of-a-sequence"),
+    pytest.param((("conv", 3, "SAME", 1, 1.076, 0.197), ("act", ("abs",)), ("layernorm", (1, 2, 3)), ("flatten",),
+                  ("dense", 1.453, 0.45)), "over the width (channels) and every spatial axis",
+                 id="layernorm-every-axis-of-an-image"),
+    pytest.param((("dense", 0.991, 0.277), ("attn", "softmax", 2, 1.279, 1.138, 0.9, 0.306),
+                  ("res", "prod", ("id",), ("attn", "abs", 1, 1.416, 1.102, 1.957, 0.0)), ("flatten",),
+                  ("dense", 1.682, 0.0)), "flattening a product of two activations", id="flatten-of-a-product"),
+    pytest.param((("conv", 2, "VALID", 1, 1.33, 0.0),
+                  ("res", "prod", ("act", ("leaky", 0.492)), ("conv_act", 2, 0.534, 0.0, ("erf",))), ("gap",),
+                  ("dense", 1.063, 0.475)), "global pooling (a sum over every spatial axis) of a FieldProduct",
+                 id="global-pool-of-a-product"),
+    pytest.param((("conv", 3, "SAME", 1, 1.85, 0.0),
+                  ("res", "sum", ("conv_act", 3, 1.19, 0.0, ("abrelu", 0.441, 1.987)), ("id",)),
+                  ("conv", 3, "SAME", 1, 1.717, 0.0), ("act", ("abs",)), ("flatten",), ("dense", 0.805, 0.0)),
+                 "a Gaussian field it is correlated with", id="conv-skip-around-a-fresh-layer"),
+    pytest.param((("dense", 1.397, 0.0), ("dense", 1.368, 0.478),
+                  ("res", "sum", ("id",), ("dense_act", 0.942, 0.0, ("sin",))),
+                  ("attn", "identity", 2, 0.5, 0.734, 1.102, 0.265), ("flatten",), ("dense", 1.401, 0.16)),
+                 "a Gaussian field it is correlated with", id="sequence-skip-before-attention"),
+])
+def test_traced_refusals_name_their_reason(spec, reason):
+    """Found by the conv / attention families (issue 49): these refusals named a wrong reason ("only a sum over all
+    spatial axes" for a layer norm over channels and for global pooling of a product, "a reshape that merges axes"
+    for the documented flattening, "combined with its own pre-activation" for a skip around a fresh layer)."""
+    status, msg = g.traced_kernel(spec, g.family_inputs(spec), strict=True)
+    assert status == "refused" and reason in msg, msg

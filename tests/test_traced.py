@@ -1235,7 +1235,7 @@ def test_dilated_grouped_and_uneven_convolutions_are_refused():
         h = jax.nn.relu(_conv(x, p["w1"], (1, 1), "SAME", dimension_numbers=DN))
         return jnp.mean(jnp.mean(h, axis=1), axis=1) @ p["w2"]  # one axis at a time
 
-    _refused_cnn(partial_sum, CONV, "only a sum over all spatial axes", "# one axis at a time")
+    _refused_cnn(partial_sum, CONV, "only a sum over every spatial axis", "# one axis at a time")
 
 
 # -- functions without a closed form: the polar and split quadrature rules -------------------------------------

@@ -778,10 +778,24 @@ def gauss_split_1d(f: Callable, v, n: int = 48, r_max: float = 9.5):
     """E[f(u)] for u ~ N(0, v) as int_0^inf [f(s z) + f(-s z)] phi(z) dz, Gauss-Legendre with ``n`` nodes on
     [0, ``r_max``]: spectral for functions smooth on each side of 0 (a kink or jump at 0, as `gauss_polar_2d`)."""
     zn, zw = np.polynomial.legendre.leggauss(int(n))
-    z = jnp.asarray((zn + 1) * (r_max / 2), v.dtype)
-    w = jnp.asarray(zw * (r_max / 2), v.dtype) * jnp.exp(-z * z / 2) / math.sqrt(2 * math.pi)
-    s = jnp.sqrt(jnp.maximum(v, 0))[..., None] * lead(z, v.ndim + 1)
-    return (f(s) + f(-s)) @ w
+    w_np = zw * (r_max / 2) * np.exp(-((zn + 1) * (r_max / 2)) ** 2 / 2) / math.sqrt(2 * math.pi)
+    z_np = (zn + 1) * (r_max / 2)
+    scale = jnp.sqrt(jnp.maximum(v, 0))[..., None]
+    chunk = 64  # nodes per pass: memory grows as (points x chunk), not (points x n)
+    if n <= chunk:
+        s = scale * lead(jnp.asarray(z_np, v.dtype), v.ndim + 1)
+        return (f(s) + f(-s)) @ jnp.asarray(w_np, v.dtype)
+    pad = -n % chunk  # padded nodes carry zero weight
+    z = jnp.asarray(np.concatenate([z_np, np.zeros(pad)]).reshape(-1, chunk), v.dtype)
+    w = jnp.asarray(np.concatenate([w_np, np.zeros(pad)]).reshape(-1, chunk), v.dtype)
+
+    def body(acc, zw_chunk):
+        zc, wc = zw_chunk
+        s = scale * lead(zc, v.ndim + 1)
+        return acc + (f(s) + f(-s)) @ wc, None
+
+    total, _ = lax.scan(body, jnp.zeros(v.shape, v.dtype), (z, w))
+    return total
 
 
 def gauss_hermite_1d(f: Callable, v, deg: int):

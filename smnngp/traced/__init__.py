@@ -69,7 +69,9 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
             an unsupported construction is reported here rather than at the first kernel evaluation.
         quadrature_degree: the accuracy of the quadrature of activations without a closed form: the polar rule's
             nodes are ``max(16, d // 2)`` per arc of angle and ``max(48, d + 16)`` on the ray, the means' ``4``
-            times the latter (`smnngp.traced._activations.quadrature_nodes`).
+            times the latter and at least 1,024 (`smnngp.traced._activations.quadrature_nodes`). Activations
+            with kinks away from 0 (``abs(cos(h))``) converge algebraically, not spectrally: raise ``d`` for them
+            (``d = 176`` puts 192 nodes on the ray, as ``stax`` does for its chains of activations).
         name: the network's name in messages (default: ``apply_fn``'s).
 
     Returns:
@@ -102,9 +104,13 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
     per_features: dict = {}
 
     @functools.lru_cache(maxsize=32)
-    def program_for(shape: tuple, dtype: str):
-        program = trace(apply_fn, leaves, treedef, random, shape, jnp.dtype(dtype))
-        shared = per_features.setdefault((shape[1:], dtype), {"recognised": {}, "report": {},
+    def program_for(shape: tuple, dtype: str, parts: tuple | None = None):
+        # several inputs (``parts``: their container and shapes) are traced as one array of their flattened
+        # features side by side, which the program splits back: data-only operations that the interpreter
+        # evaluates on the data before the first random weight
+        fn = apply_fn if parts is None else _split_inputs(apply_fn, parts)
+        program = trace(fn, leaves, treedef, random, shape, jnp.dtype(dtype))
+        shared = per_features.setdefault((shape[1:], dtype, parts), {"recognised": {}, "report": {},
                                                                      "symmetric": None, "full": None})
         interp = Interpreter(program, random_priors, random_paths, int(quadrature_degree), shared["recognised"],
                              shared["report"])
@@ -127,32 +133,42 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
                       layout=layout)
         return program, interp, layer
 
-    def _program(x):
+    def _program(x, what="inputs"):
+        """(program, interpreter, layer, the input as one array, parts) for an input array or a tuple / list of
+        them (a network of several inputs)."""
+        x, parts = _joined(x, f"kernel_fn of {label}", what)
+        return (*_program_joined(x, parts, what), x, parts)
+
+    def _program_joined(x, parts, what):
         shape = tuple(jnp.shape(x))
         if len(shape) < 2:
-            raise ValueError(f"kernel_fn of {label}: inputs must have a batch axis and a feature axis, got shape "
+            raise ValueError(f"kernel_fn of {label}: {what} must have a batch axis and a feature axis, got shape "
                              f"{shape}")
         dtype = jnp.dtype(getattr(x, "dtype", jnp.result_type(float)))
         if not jnp.issubdtype(dtype, jnp.floating):
-            raise TypeError(f"kernel_fn of {label}: inputs must be floating point, got {dtype}")
-        return program_for(shape, dtype.name)
+            raise TypeError(f"kernel_fn of {label}: {what} must be floating point, got {dtype}")
+        return program_for(shape, dtype.name, parts)
 
     def kernel_fn(x1, x2=None, get=None, **kwargs):
-        """The infinite-width kernel of the traced model (a `smnngp.stax` kernel_fn)."""
-        program1, interp1, layer = _program(x1)
+        """The infinite-width kernel of the traced model (a `smnngp.stax` kernel_fn); ``x1`` and ``x2`` are
+        arrays, or tuples / lists of arrays for a model of several inputs."""
+        program1, interp1, layer, x1, parts1 = _program(x1, "x1")
         d1 = _entering(program1, interp1, x1)
         d2 = None
         if x2 is not None:
-            if tuple(jnp.shape(x2))[1:] != tuple(jnp.shape(x1))[1:]:
-                raise ValueError(f"kernel_fn of {label}: x1 {tuple(jnp.shape(x1))} and x2 {tuple(jnp.shape(x2))} "
+            x2, parts2 = _joined(x2, f"kernel_fn of {label}", "x2")
+            beyond1 = None if parts1 is None else (parts1[0], tuple(p[1:] for p in parts1[1]))
+            beyond2 = None if parts2 is None else (parts2[0], tuple(p[1:] for p in parts2[1]))
+            if beyond1 != beyond2 or tuple(jnp.shape(x2))[1:] != tuple(jnp.shape(x1))[1:]:
+                raise ValueError(f"kernel_fn of {label}: x1 {_describe(x1, parts1)} and x2 {_describe(x2, parts2)} "
                                  f"must agree beyond the batch axis")
-            program2, interp2, _ = _program(x2)
+            program2, interp2, _ = _program_joined(x2, parts2, "x2")
             d2 = _entering(program2, interp2, x2)
         return layer[2](d1, d2, get, **kwargs)
 
-    def _stds(x_shape, dtype_name) -> list[float]:
+    def _stds(x_shape, dtype_name, parts=None) -> list[float]:
         """Standard deviation of each random leaf (its fan-in read off the program)."""
-        _, interp, _ = program_for(x_shape, dtype_name)
+        _, interp, _ = program_for(x_shape, dtype_name, parts)
         stds = []
         for i, prior in enumerate(random_priors):
             if isinstance(prior, Weight):
@@ -171,10 +187,10 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
         """``(output_shape, params)`` of the finite network: each random leaf drawn from its prior; a leaf with
         ``parameterization='ntk'`` is held as a standard normal (``apply_fn`` multiplies it by its standard
         deviation), one with ``'standard'`` at its scale; fixed leaves as given."""
-        shape = tuple(int(s) for s in input_shape)
+        shape, parts = _joined_shape(input_shape, f"init_fn of {label}")
         dtype_name = jnp.dtype(jnp.result_type(float)).name
-        program, _, _ = program_for(shape, dtype_name)
-        stds = _stds(shape, dtype_name)
+        program, _, _ = program_for(shape, dtype_name, parts)
+        stds = _stds(shape, dtype_name, parts)
         keys = jax.random.split(key, max(1, len(random_priors)))
         drawn, i = [], 0
         for leaf, r in zip(leaves, random):
@@ -191,7 +207,8 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
         """The model on parameters as `init_fn` holds them (``'ntk'`` leaves rescaled first); the ``rng`` keyword
         that `smnngp.empirical.monte_carlo_kernel_fn` passes is dropped, other keywords go to the model."""
         kwargs.pop("rng", None)
-        stds = _stds(tuple(jnp.shape(x)), jnp.dtype(x.dtype).name)
+        joined, parts = _joined(x, f"apply_fn of {label}", "x")
+        stds = _stds(tuple(jnp.shape(joined)), jnp.dtype(joined.dtype).name, parts)
         flat = jax.tree_util.tree_leaves(params)
         scaled, i = [], 0
         for leaf, r in zip(flat, random):
@@ -206,14 +223,68 @@ def infinite_width(apply_fn, params, *, priors=None, example_input=None, quadrat
         ``input_shape`` (a stax closed form such as ``'Relu'``, or ``'Quadrature(...)'`` for
         quadrature)."""
         dtype_name = jnp.dtype(dtype or jnp.result_type(float)).name
-        _, interp, _ = program_for(tuple(int(s) for s in input_shape), dtype_name)
+        shape, parts = _joined_shape(input_shape, f"activations of {label}")
+        _, interp, _ = program_for(shape, dtype_name, parts)
         return list(interp.activation_report.values())
 
     if example_input is not None:
-        _program(example_input)
+        _program(example_input, "example_input")
     kernel_fn.priors = dict(zip(paths, prior_list))
     kernel_fn.activations = activations
     return init_fn, network_apply_fn, kernel_fn
+
+
+def _is_several(x) -> bool:
+    return isinstance(x, (tuple, list))
+
+
+def _joined(x, where: str, what: str):
+    """``(one array, parts)``: a tuple / list of inputs as their features flattened and side by side (``parts``:
+    the container and each input's shape), or ``(x, None)`` for one array."""
+    if not _is_several(x):
+        return x, None
+    if not x:
+        raise ValueError(f"{where}: {what} is an empty {type(x).__name__}; give an array or a tuple of arrays")
+    if any(_is_several(a) or not hasattr(a, "shape") for a in x):
+        raise TypeError(f"{where}: {what} must be an array or a flat tuple / list of arrays, got "
+                        f"{type(x).__name__} of {[type(a).__name__ for a in x]}")
+    shapes = tuple(tuple(int(d) for d in a.shape) for a in x)
+    if any(len(s) < 2 for s in shapes) or len({s[0] for s in shapes}) != 1:
+        raise ValueError(f"{where}: the inputs in {what} must each have a batch axis and a feature axis, with one "
+                         f"batch size, got shapes {list(shapes)}")
+    dtypes = {jnp.dtype(a.dtype) for a in x}
+    if len(dtypes) != 1:
+        raise TypeError(f"{where}: the inputs in {what} must share one dtype, got {sorted(d.name for d in dtypes)}")
+    joined = jnp.concatenate([jnp.reshape(a, (shapes[0][0], -1)) for a in x], axis=1)
+    return joined, (type(x).__name__, shapes)
+
+
+def _joined_shape(input_shape, where: str):
+    """``(shape of the joined input, parts)`` for an input shape or a tuple / list of them (`_joined`)."""
+    if input_shape and _is_several(input_shape[0]):
+        shapes = tuple(tuple(int(d) for d in s) for s in input_shape)
+        if any(len(s) < 2 for s in shapes) or len({s[0] for s in shapes}) != 1:
+            raise ValueError(f"{where}: each input shape needs a batch axis and a feature axis, with one batch "
+                             f"size, got {list(shapes)}")
+        width = sum(math.prod(s[1:]) for s in shapes)
+        return (shapes[0][0], width), (type(input_shape).__name__, shapes)
+    return tuple(int(s) for s in input_shape), None
+
+
+def _split_inputs(apply_fn, parts):
+    """``apply_fn`` on the joined input of `_joined`: split back into the inputs, in their container."""
+    container, shapes = parts
+    cuts = np.cumsum([0] + [math.prod(s[1:]) for s in shapes])
+
+    def fn(params, x):
+        xs = [jnp.reshape(x[:, int(a):int(b)], (x.shape[0],) + s[1:]) for a, b, s in zip(cuts[:-1], cuts[1:], shapes)]
+        return apply_fn(params, list(xs) if container == "list" else tuple(xs))
+
+    return fn
+
+
+def _describe(x, parts) -> str:
+    return str(tuple(jnp.shape(x))) if parts is None else str([s for s in parts[1]])
 
 
 def _entering(program, interp: Interpreter, x):

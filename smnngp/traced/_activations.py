@@ -28,10 +28,11 @@ from smnngp.stax.elementwise import _activation, gauss_polar_2d, gauss_split_1d
 def quadrature_nodes(deg: int) -> tuple[int, int, int]:
     """``(n_theta, n_r, n_1d)`` for ``quadrature_degree=deg``: Gauss-Legendre nodes on each of the polar rule's four
     arcs of angle and on its ray, at least 16 and 48 (the default 32 gives those) and growing with ``deg``
-    (``deg // 2``, ``deg + 16``); and the one-dimensional rule's, ``4 n_r`` (means cost one node per point, and a
-    centred covariance E[phi phi'] - E[phi] E[phi'] keeps their errors whole)."""
+    (``deg // 2``, ``deg + 16``); and the one-dimensional rule's, ``max(1024, 4 n_r)`` (means cost one node per
+    point, and a centred covariance E[phi phi'] - E[phi] E[phi'] keeps their errors whole: |cos h| before a layer
+    norm is 0.020 off 1e6 Gaussian draws with 192-node means, 0.014 with 1,024, issue 49)."""
     n_r = max(48, int(deg) + 16)
-    return max(16, int(deg) // 2), n_r, 4 * n_r
+    return max(16, int(deg) // 2), n_r, max(1024, 4 * n_r)
 
 
 def quadrature_layer(fn: Callable, deg: int):

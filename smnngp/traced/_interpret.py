@@ -664,6 +664,13 @@ class Interpreter:
             moved = self._reposition(op, v, in_shape, out_shape)
             if moved is not None:
                 return moved
+        if isinstance(v, FieldProduct) and v.spatial and op.name == "reshape":
+            in_shape = tuple(self.program.avals[op.ins[0]].shape)
+            if v.roles[0] == "b" and len(out_shape) == 2 and out_shape[0] == in_shape[0]:
+                raise refuse(op, f"flattening a product of two activations with axes {v.roles} (an entrywise "
+                                 f"product of spatial fields): flattening and pooling are supported for "
+                                 f"activations, not yet for their products; an affine layer after the product "
+                                 f"makes it an activation")
         if isinstance(v, Field) and op.name == "reshape":
             heads = self._heads_reshape(op, v, out_shape)
             if heads is not None:
@@ -1017,9 +1024,22 @@ class Interpreter:
             # a sum (a mean, once divided) over every spatial axis: global pooling
             out_roles = tuple(r for i, r in enumerate(roles) if i not in axes)
             return self._mapped(op, v, stax.GlobalSumPool(), out_roles, v.width, "global", ())
+        if spatial and "w" in summed:
+            where = ("and every spatial axis" if spatial <= summed else
+                     "at each position" if not summed & spatial else f"and the spatial axes {sorted(summed & spatial)}")
+            raise refuse(op, f"a sum over the width (channels) {where} of spatial activations with axes {roles} "
+                             f"(a layer norm over the channels, or over every axis, of a convolutional or sequence "
+                             f"layer): statistics over the width are supported for activations without spatial "
+                             f"axes, not yet per position")
+        if spatial and summed - {"1"} == spatial:
+            raise refuse(op, f"global pooling (a sum over every spatial axis) of a {type(v).__name__} with axes "
+                             f"{roles} (a product of two activations): global pooling is supported for "
+                             f"activations, not yet for their products; an affine layer after the product makes "
+                             f"it an activation")
         if spatial:
-            raise refuse(op, f"a sum over axes {axes} of activations with axes {roles}: only a sum over all spatial "
-                             f"axes (global pooling) is supported for spatial activations")
+            raise refuse(op, f"a sum over the spatial axes {sorted(summed - {'1'})} of activations with axes "
+                             f"{roles}: only a sum over every spatial axis (global pooling) is supported; "
+                             f"reduce_window_sum pools part of them")
         if summed - {"1"} != {"w"}:
             raise refuse(op, f"a sum over axes {axes} with roles {roles}")
         out_roles = tuple(r for i, r in enumerate(roles) if i not in axes)

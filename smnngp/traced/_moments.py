@@ -177,10 +177,17 @@ class Moments:
         if isinstance(t, Nonlin) or isinstance(u, Nonlin):
             nl, other, first = (t, u, True) if isinstance(t, Nonlin) else (u, t, False)
             if spatial:
-                raise TracedError("smnngp.traced: an activation of a spatial (convolutional) layer combined with "
-                                  "its own pre-activation or a constant (a skip connection around a "
-                                  "nonlinearity, a shift); this pairing is not supported yet for spatial "
-                                  "activations")
+                if isinstance(other, Ones):
+                    what = "a constant (a shift of the activation)"
+                elif any(other is a for a, _ in nl.base.terms):
+                    what = "its own pre-activation (a skip connection around the nonlinearity)"
+                else:
+                    what = ("a Gaussian field it is correlated with (a skip connection: the block's input, or an "
+                            "affine map of what the activation reads)")
+                raise TracedError(f"smnngp.traced: an activation of a spatial (convolutional or sequence) layer "
+                                  f"({nl.where}) summed with {what}; the cross term of an activation and a "
+                                  f"Gaussian is supported for activations without spatial axes, not yet for "
+                                  f"spatial ones")
             if isinstance(other, Ones):
                 m1, m2 = self.mean(nl)
                 return self._outer(m1, m2, first)
