@@ -12,6 +12,10 @@ fi
 if ! "$ORACLE/bin/python" -c "import sklearn" 2>/dev/null; then
   "$ORACLE/bin/pip" install -q "scikit-learn<1.6"
 fi
+# benchmarks/nt_notebook.py runs nt's Myrtle notebook in an IPython shell in this environment.
+if ! "$ORACLE/bin/python" -c "import IPython" 2>/dev/null; then
+  "$ORACLE/bin/pip" install -q "ipython<9"
+fi
 # With arguments: only the named case modules (e.g. cases_attention); without: every layer case and every
 # other fixture family (tests/golden/generate_*.py: empirical kernels, predict).
 "$ORACLE/bin/python" tests/golden/generate.py "$@"

@@ -190,3 +190,28 @@ def test_scale_quick_checks_our_rows_against_the_dense_reference(tmp_path):
     assert set(rows) == {"ours-dense", "ours-cg"}, out
     for case, row in rows.items():
         assert_checked(row["check"], case)
+
+
+def test_nt_notebook_runs_every_cell_but_shell_escapes(tmp_path):
+    """benchmarks/nt_notebook.py: shell escapes (pip installs, nvidia-smi) dropped, the rest kept as written, the
+    magics too; a missing notebook named."""
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("bench_nt_notebook", os.path.join(ROOT, "benchmarks",
+                                                                                     "nt_notebook.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    nb = {"cells": [
+        {"cell_type": "code", "source": ["!pip install -q neural-tangents\n", "!nvidia-smi\n"]},
+        {"cell_type": "markdown", "source": ["# title"]},
+        {"cell_type": "code", "source": ["# only a comment\n"]},
+        {"cell_type": "code", "source": ["import jax\n", "!echo hi\n", "x = 1"]},
+        {"cell_type": "code", "source": "%%timeit\ny = x + 1"},
+    ]}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    assert mod.code_cells(path) == ["import jax\nx = 1", "%%timeit\ny = x + 1"]
+    with pytest.raises(SystemExit, match="no notebook at"):
+        mod.code_cells(tmp_path / "missing.ipynb")
