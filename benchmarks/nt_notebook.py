@@ -11,10 +11,14 @@ Each engine runs in its own fresh process, one after the other (never side by si
 ``scripts/nt_conformance/shim`` first on ``PYTHONPATH`` (a package named ``neural_tangents`` that is `smnngp.nt`),
 nt in its pinned oracle environment (``$SMNNGP_ORACLE_VENV``, default ``.venv-oracle``; ``bash
 scripts/make_golden.sh`` builds it with IPython). The worker runs every code cell in one IPython shell, as Jupyter
-would, with one change: lines that start with ``!`` (the pip installs and ``nvidia-smi``) are dropped. It records
+would, with two changes: lines that start with ``!`` (the pip installs and ``nvidia-smi``) are dropped, and comment
+lines above a ``%%timeit`` are dropped (Colab, where the notebook was written, runs them; IPython wants a cell
+magic on the first line). It records
 each cell's wall time and what ``%%timeit`` printed. Before anything is timed as a comparison, the two engines'
-kernels are compared: after the notebook, each worker evaluates the notebook's own batched ``ker_fn`` on its
-``input_x`` (NNGP and NTK) and the two results must agree to 1e-10 relative to their scale, or no ratio is printed.
+kernels are compared: after the notebook, each worker evaluates the notebook's own batched ``ker_fn`` (NNGP and
+NTK) on 20 inputs of ``input_x``'s shape drawn by NumPy (the notebook's own ``jax.random`` inputs differ between
+nt's jax 0.4.23 and current JAX), and the two results must agree to 1e-10 relative to their scale, or no ratio is
+printed.
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ from benchmarks._common import check, check_text, ratio_text, scale_relative_err
 
 SHIM = ROOT / "scripts" / "nt_conformance" / "shim"
 TOLERANCE = 1e-10
+CHECK_POINTS = 20  # inputs of the check (two tiles and a half of the notebook's batch_size=10)
 
 
-def code_cells(notebook: Path) -> list[str]:
-    """The notebook's code cells, shell-escape lines (``!...``) dropped; cells left empty are skipped."""
+def code_cells(notebook: Path, timeit_runs: int | None = None) -> list[str]:
+    """The notebook's code cells, shell-escape lines (``!...``) dropped; cells left empty are skipped. With
+    ``timeit_runs``, each ``%%timeit`` becomes ``%%timeit -r timeit_runs -n 1`` (that many calls, the first one
+    compiling, in place of IPython's calibration and 7 runs)."""
     try:
         nb = json.loads(Path(notebook).read_text())
     except FileNotFoundError:
@@ -52,7 +59,13 @@ def code_cells(notebook: Path) -> list[str]:
         if cell.get("cell_type") != "code":
             continue
         src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        kept = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith("!"))
+        lines = [line for line in src.splitlines() if not line.lstrip().startswith("!")]
+        code = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+        if code and lines[code[0]].startswith("%%"):
+            lines = lines[code[0]:]  # comments above a cell magic (Colab runs them; IPython wants the magic first)
+            if timeit_runs is not None and lines[0].strip() == "%%timeit":
+                lines[0] = f"%%timeit -r {int(timeit_runs)} -n 1"
+        kept = "\n".join(lines)
         if kept.strip() and not all(line.lstrip().startswith("#") or not line.strip() for line in kept.splitlines()):
             cells.append(kept)
     if not cells:
@@ -60,13 +73,13 @@ def code_cells(notebook: Path) -> list[str]:
     return cells
 
 
-def worker(notebook: Path, out: Path) -> None:
+def worker(notebook: Path, out: Path, timeit_runs: int | None) -> None:
     """Run the cells in one IPython shell; write per-cell times and the final kernels (``out``: JSON + .npz)."""
     import numpy as np
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    cells = code_cells(notebook)
+    cells = code_cells(notebook, timeit_runs)
     records, start = [], time.perf_counter()
     for i, src in enumerate(cells):
         buf = io.StringIO()
@@ -82,14 +95,17 @@ def worker(notebook: Path, out: Path) -> None:
             raise SystemExit(f"nt_notebook worker: cell {i + 1} failed: {type(err).__name__}: {err}")
         records.append({"cell": i + 1, "first_line": first, "seconds": dt, "printed": printed[-400:]})
     total = time.perf_counter() - start
-    # the check: the notebook's own batched kernel_fn on its own inputs, after the notebook
+    # the check: the notebook's own batched kernel_fn, after the notebook, on inputs of its input's shape drawn by
+    # NumPy (the notebook's jax.random inputs differ between jax 0.4.23 and current JAX: threefry's default changed)
     ns = shell.user_ns
-    k = ns["ker_fn"](ns["input_x"], None, ("nngp", "ntk"))
+    shape = (CHECK_POINTS,) + tuple(ns["input_x"].shape[1:])
+    x = np.random.default_rng(0).standard_normal(shape)
+    k = ns["ker_fn"](x, None, ("nngp", "ntk"))
     np.savez(out.with_suffix(".npz"), nngp=np.asarray(k.nngp), ntk=np.asarray(k.ntk))
     out.write_text(json.dumps({"cells": records, "total_seconds": total}))
 
 
-def run_engine(engine: str, notebook: Path, tmp: Path, timeout: float) -> dict:
+def run_engine(engine: str, notebook: Path, tmp: Path, timeout: float, timeit_runs: int | None) -> dict:
     env = dict(os.environ)
     if engine == "ours":
         python = sys.executable
@@ -100,12 +116,16 @@ def run_engine(engine: str, notebook: Path, tmp: Path, timeout: float) -> dict:
         if not Path(python).exists():
             raise SystemExit(f"nt_notebook: no oracle environment at {oracle} (bash scripts/make_golden.sh)")
         env.pop("PYTHONPATH", None)
+        # IPython adds $VIRTUAL_ENV's packages to the path: the caller's environment must not leak into the oracle's
+        env["VIRTUAL_ENV"] = str(oracle)
     env["JAX_PLATFORMS"] = "cpu"
     out = tmp / f"{engine}.json"
     print(f"{engine}: running the notebook ({python})", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([python, __file__, "--worker", "--notebook", str(notebook), "--worker-out", str(out)],
-                          env=env, timeout=timeout)
+    cmd = [python, __file__, "--worker", "--notebook", str(notebook), "--worker-out", str(out)]
+    if timeit_runs is not None:
+        cmd += ["--timeit-runs", str(timeit_runs)]
+    proc = subprocess.run(cmd, env=env, timeout=timeout)
     if proc.returncode != 0:
         raise SystemExit(f"nt_notebook: the {engine} worker failed (exit {proc.returncode})")
     rec = json.loads(out.read_text())
@@ -119,6 +139,9 @@ def main() -> None:
                     help="nt's myrtle_kernel_with_neural_tangents.ipynb (default $SMNNGP_NT_NOTEBOOK)")
     ap.add_argument("--engines", nargs="+", default=["nt", "ours"], choices=["nt", "ours"])
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per engine")
+    ap.add_argument("--timeit-runs", type=int, default=None,
+                    help="rewrite each %%%%timeit as %%%%timeit -r N -n 1 (N calls per timed cell; default: unchanged, "
+                         "IPython's calibration and 7 runs, which takes nt about an hour on 2 CPU cores)")
     ap.add_argument("--out", type=Path, default=ROOT / "records" / "benchmarks" / "nt_myrtle_notebook_cpu.json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
@@ -126,17 +149,19 @@ def main() -> None:
     if args.notebook is None:
         ap.error("give --notebook PATH (nt's myrtle_kernel_with_neural_tangents.ipynb) or set SMNNGP_NT_NOTEBOOK")
     if args.worker:
-        worker(args.notebook, args.worker_out)
+        worker(args.notebook, args.worker_out, args.timeit_runs)
         return
     import tempfile
 
     import numpy as np
 
+    if args.timeit_runs is not None and args.timeit_runs < 1:
+        ap.error(f"--timeit-runs must be >= 1, got {args.timeit_runs}")
     code_cells(args.notebook)  # a bad path fails here, before any worker starts
     runs = {}
     with tempfile.TemporaryDirectory() as d:
         for engine in args.engines:
-            runs[engine] = run_engine(engine, args.notebook, Path(d), args.timeout)
+            runs[engine] = run_engine(engine, args.notebook, Path(d), args.timeout, args.timeit_runs)
             runs[engine]["kernels"] = dict(np.load(Path(d) / f"{engine}.npz"))
     verdict = None
     if set(runs) == {"nt", "ours"}:
@@ -151,7 +176,7 @@ def main() -> None:
         print(f"{c['cell']:<6}" + "".join(f"{runs[n]['cells'][j]['seconds']:12.1f}" for n in names)
               + f"  {c['first_line']}")
     print(f"{'total':<6}" + "".join(f"{runs[n]['total_seconds']:12.1f}" for n in names))
-    report = {"notebook": str(args.notebook.name), "tolerance": TOLERANCE,
+    report = {"notebook": str(args.notebook.name), "tolerance": TOLERANCE, "timeit_runs": args.timeit_runs,
               "runs": {n: {k: v for k, v in r.items() if k != "kernels"} for n, r in runs.items()}}
     if verdict is not None:
         ratio = runs["ours"]["total_seconds"] / runs["nt"]["total_seconds"]

@@ -209,9 +209,11 @@ def test_nt_notebook_runs_every_cell_but_shell_escapes(tmp_path):
         {"cell_type": "code", "source": ["# only a comment\n"]},
         {"cell_type": "code", "source": ["import jax\n", "!echo hi\n", "x = 1"]},
         {"cell_type": "code", "source": "%%timeit\ny = x + 1"},
+        {"cell_type": "code", "source": "# a comment above a magic\n\n%%timeit\ny = x + 2"},
     ]}
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(nb))
-    assert mod.code_cells(path) == ["import jax\nx = 1", "%%timeit\ny = x + 1"]
+    assert mod.code_cells(path) == ["import jax\nx = 1", "%%timeit\ny = x + 1", "%%timeit\ny = x + 2"]
+    assert mod.code_cells(path, timeit_runs=2)[1:] == ["%%timeit -r 2 -n 1\ny = x + 1", "%%timeit -r 2 -n 1\ny = x + 2"]
     with pytest.raises(SystemExit, match="no notebook at"):
         mod.code_cells(tmp_path / "missing.ipynb")

@@ -127,6 +127,35 @@ def test_tiled_cnn_full_spatial_output_symmetric_fill():
     np.testing.assert_allclose(tiled, ref, rtol=1e-12, atol=1e-14)
 
 
+def test_large_cross_kernels_use_tiles_correctly(monkeypatch):
+    """An (x1, x2) kernel of >= 2^20 entries runs tile pair by tile pair (`_cross_kernel_map`): equal to the untiled
+    path, the variances of both inputs included; 203 x 150 points pad the last tile of each."""
+    from smnngp.stax import _core
+
+    calls = []
+    tiled = _core._cross_kernel_map
+    monkeypatch.setattr(_core, "_cross_kernel_map", lambda *a: calls.append(a[-2:]) or tiled(*a))
+    monkeypatch.setattr(_core, "_CROSS_TILE_ENTRIES", 2**16)  # small tiles, so that these sizes take several
+    cases = [
+        (stax.serial(stax.Conv(8, (3, 3), padding="SAME", W_std=1.4, b_std=0.1), stax.Relu(),
+                     stax.Conv(8, (3, 3), padding="SAME"), stax.Erf(), stax.Flatten(), stax.Dense(1)),
+         (203, 8, 8, 1), (150, 8, 8, 1)),
+        (stax.serial(stax.Conv(8, (3, 3), padding="SAME", W_std=1.4, b_std=0.1), stax.Relu(),
+                     stax.AvgPool((2, 2)), stax.GlobalAvgPool(), stax.Dense(1)), (37, 8, 8, 2), (29, 8, 8, 2)),
+    ]
+    rng = np.random.RandomState(0)
+    for layer, s1, s2 in cases:
+        x1, x2 = jnp.asarray(rng.normal(size=s1)), jnp.asarray(rng.normal(size=s2))
+        got = layer[2](x1, x2)
+        monkeypatch.setattr(_core, "_CROSS_TILES", False)
+        ref = layer[2](x1, x2)
+        monkeypatch.setattr(_core, "_CROSS_TILES", True)
+        for name in ("nngp", "ntk", "cov1", "cov2"):
+            np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=1e-12, atol=1e-14, err_msg=name)
+        assert got.nngp.shape == (s1[0], s2[0]) and not got.x1_is_x2
+    assert len(calls) == len(cases) and all(ta * tb > 1 for ta, tb in calls)
+
+
 def test_memory_cap_chooses_tiles():
     layer = stax.serial(stax.Dense(8, 1.2, 0.1), stax.Relu(), stax.Dense(1))
     x = np.random.RandomState(0).normal(size=(300, 3))
@@ -180,6 +209,7 @@ def test_large_symmetric_spatial_kernels_use_mirrored_tiles_correctly(monkeypatc
     calls = []
     tiled = _core._symmetric_kernel_map
     monkeypatch.setattr(_core, "_symmetric_kernel_map", lambda *a: calls.append(a[-1]) or tiled(*a))
+    monkeypatch.setattr(_core, "_CROSS_TILES", False)  # the x2=x reference stays untiled
     cases = [
         (stax.serial(stax.Dense(64, W_std=1.5, b_std=0.05), stax.Relu(), stax.Dense(64, W_std=1.3), stax.Erf(),
                      stax.Dense(1)), (1031, 5)),

@@ -360,11 +360,18 @@ def _input_kernel(x1, x2, full: bool, want_ntk: bool) -> Kernel:
 # intermediate through memory, once per layer); below 2^20 entries the loop costs more than it saves.
 _TILE_ENTRIES = 2**16
 _SYMMETRIC_MIN_ENTRIES = 2**20
+# An (x1, x2) kernel of as many entries is tiled too (`_cross_kernel_map`), in larger tiles: Myrtle-5's NNGP and NTK of
+# 10 x 10 CIFAR-shaped images (1M position pairs per image pair) on this 2-core CPU took 2.99 / 7.48 s untiled,
+# 4.39 / 4.90 s in tiles of one image, 3.15 / 4.16 in tiles of 2, 2.63 / 3.81 in tiles of 5 (issue 50).
+_CROSS_TILES = True
+_CROSS_TILE_ENTRIES = 2**25  # tiles of 5 such images
 
 
-def _tile_count(n_points: int, per_pair: int) -> int:
-    """How many tiles the points are cut into so that one tile pair has about _TILE_ENTRIES entries."""
-    side = max(1, math.isqrt(max(1, _TILE_ENTRIES // max(per_pair, 1))))
+def _tile_count(n_points: int, per_pair: int, target: int | None = None) -> int:
+    """How many tiles the points are cut into so that one tile pair has about ``target`` (default _TILE_ENTRIES)
+    entries."""
+    target = _TILE_ENTRIES if target is None else target
+    side = max(1, math.isqrt(max(1, target // max(per_pair, 1))))
     return max(1, -(-n_points // side))
 
 
@@ -385,6 +392,44 @@ def _swap_points(tiles, full: bool):
     return jnp.transpose(tiles, [0, 2, 1] + rest)
 
 
+def _point_tiles(x, tiles: int):
+    """``x`` (N, ...) as ``tiles`` tiles of n points, (tiles, n, ...), the last padded with copies of the last point
+    (their rows are cut off when the tiles are assembled); and n."""
+    n = -(-x.shape[0] // tiles)
+    if tiles * n > x.shape[0]:
+        x = jnp.concatenate([x, jnp.repeat(x[-1:], tiles * n - x.shape[0], axis=0)])
+    return x.reshape((tiles, n) + x.shape[1:]), n
+
+
+def _tile_pair_fn(kernel_map, at, bt, var_a, var_b, full: bool, want_ntk: bool):
+    """The kernel of tile ``r`` of ``at`` against tile ``c`` of ``bt``, given each tile's variances (read off its
+    own diagonal, so that they are the same floating-point numbers as on the untiled path)."""
+    from smnngp.stax import _flow
+
+    shape_a, shape_b = at.shape[1:], bt.shape[1:]
+    ntk = jnp.zeros((), at.dtype) if want_ntk else None
+
+    def tile_pair(args):
+        r, c = args
+        k0 = _input_kernel(at[r], bt[c], full, False)
+        k0 = _flow.attach(Kernel(k0.nngp, ntk, var_a[r], var_b[c], shape1=shape_a, shape2=shape_b, full=full,
+                                 is_gaussian=False), _flow.input_flow(at[r], bt[c]))
+        return _flow.strip(kernel_map(k0))
+
+    return tile_pair
+
+
+def _tile_variances(xt, full: bool):
+    return jax.vmap(lambda a: _batch_diagonal(_input_kernel(a, a, full, False).nngp))(xt)
+
+
+def _grid(t, source, rows: int, cols: int, n_rows: int, n_cols: int):
+    """Tiles (P, n, m, spatial...) picked by ``source`` (T1, T2) into the (n_rows, n_cols, spatial...) kernel."""
+    grid = t[source]  # (T1, T2, n, m, spatial...)
+    grid = jnp.moveaxis(grid, 2, 1).reshape((rows * grid.shape[2], cols * grid.shape[3]) + grid.shape[4:])
+    return grid[:n_rows, :n_cols]
+
+
 def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int):
     """``kernel_map`` of the input kernel of (x, x), computed on T (T + 1) / 2 of the T^2 tiles.
 
@@ -395,27 +440,13 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
     tiles, and every point's variance is read off its own diagonal tile, so that
     k(x, x) and var(x) are the same floating-point numbers as on the untiled path.
     """
-    from smnngp.stax import _flow
-
     n_points = x.shape[0]
-    n = -(-n_points // tiles)
-    if tiles * n > n_points:  # pad with copies of the last point; their rows are cut off below
-        x = jnp.concatenate([x, jnp.repeat(x[-1:], tiles * n - n_points, axis=0)])
-    xt = x.reshape((tiles, n) + x.shape[1:])
+    xt, n = _point_tiles(x, tiles)
     rows, cols = np.triu_indices(tiles)
     pair = {(int(i), int(j)): p for p, (i, j) in enumerate(zip(rows, cols))}
     on_diag = np.array([pair[i, i] for i in range(tiles)])
-    var = jax.vmap(lambda a: _batch_diagonal(_input_kernel(a, a, full, False).nngp))(xt)
-    shape = (n,) + x.shape[1:]
-    ntk = jnp.zeros((), x.dtype) if want_ntk else None
-
-    def tile_pair(args):
-        r, c = args
-        k0 = _input_kernel(xt[r], xt[c], full, False)
-        k0 = _flow.attach(Kernel(k0.nngp, ntk, var[r], var[c], shape1=shape, shape2=shape, full=full,
-                                 is_gaussian=False), _flow.input_flow(xt[r], xt[c]))
-        return _flow.strip(kernel_map(k0))
-
+    var = _tile_variances(xt, full)
+    tile_pair = _tile_pair_fn(kernel_map, xt, xt, var, var, full, want_ntk)
     out = jax.lax.map(tile_pair, (jnp.asarray(rows), jnp.asarray(cols)))
     # Tile (r, c) of the result is pair (r, c) for r <= c and pair (c, r) swapped below the
     # diagonal: one gather from [pairs, swapped off-diagonal pairs] reads each entry once.
@@ -426,9 +457,8 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
     def mirror(t, full):
         if t.ndim == 1:  # the same constant for every tile (an NTK that no layer has touched)
             return t[0]
-        grid = jnp.concatenate([t, _swap_points(t[off_diag], full)])[source]  # (T, T, n, n, spatial...)
-        grid = jnp.moveaxis(grid, 2, 1).reshape((tiles * n, tiles * n) + grid.shape[4:])
-        return grid[:n_points, :n_points]
+        both = jnp.concatenate([t, _swap_points(t[off_diag], full)])
+        return _grid(both, source, tiles, tiles, n_points, n_points)
 
     def assemble(k: Kernel) -> Kernel:
         cov1 = k.cov1[on_diag]
@@ -440,6 +470,38 @@ def _symmetric_kernel_map(kernel_map, x, full: bool, want_ntk: bool, tiles: int)
             x1_is_x2=True,
             shape1=(n_points,) + k.shape1[1:],
             shape2=(n_points,) + k.shape2[1:],
+        )
+
+    return [assemble(k) for k in out] if isinstance(out, list) else assemble(out)
+
+
+def _cross_kernel_map(kernel_map, a, b, full: bool, want_ntk: bool, tiles_a: int, tiles_b: int):
+    """``kernel_map`` of the input kernel of (a, b), computed tile pair by tile pair (`jax.lax.map` over all
+    T_a T_b pairs, as `_symmetric_kernel_map` does over the upper triangle): a large (a, b) kernel's intermediates
+    stay one tile pair in size instead of streaming N_a N_b entries through memory at every layer (Myrtle-5's NNGP
+    and NTK of 10 x 10 CIFAR-shaped images: issue 50)."""
+    na_points, nb_points = a.shape[0], b.shape[0]
+    at, na = _point_tiles(a, tiles_a)
+    bt, nb = _point_tiles(b, tiles_b)
+    rows, cols = (x.reshape(-1) for x in np.indices((tiles_a, tiles_b)))
+    tile_pair = _tile_pair_fn(kernel_map, at, bt, _tile_variances(at, full), _tile_variances(bt, full), full,
+                              want_ntk)
+    out = jax.lax.map(tile_pair, (jnp.asarray(rows), jnp.asarray(cols)))
+    source = np.arange(tiles_a * tiles_b).reshape(tiles_a, tiles_b)
+
+    def assemble(k: Kernel) -> Kernel:
+        cov1, cov2 = k.cov1[source[:, 0]], k.cov2[source[0, :]]
+
+        def grid(t):
+            return t[0] if t.ndim == 1 else _grid(t, source, tiles_a, tiles_b, na_points, nb_points)
+
+        return k.replace(
+            nngp=grid(k.nngp),
+            ntk=None if k.ntk is None else grid(k.ntk),
+            cov1=cov1.reshape((tiles_a * na,) + cov1.shape[2:])[:na_points],
+            cov2=cov2.reshape((tiles_b * nb,) + cov2.shape[2:])[:nb_points],
+            shape1=(na_points,) + k.shape1[1:],
+            shape2=(nb_points,) + k.shape2[1:],
         )
 
     return [assemble(k) for k in out] if isinstance(out, list) else assemble(out)
@@ -542,6 +604,15 @@ def _make_public_kernel_fn(name, shape_fn, kernel_map, needs_full, symmetric, la
                 tiles = _tile_count(n_points, entries // n_points**2)
                 if tiles > 1:
                     return _symmetric_kernel_map(kernel_map, a, full_here, want_ntk, tiles)
+            if (symmetric and b is not None and not out_spatial and not layer_kwargs and ma is None and mb is None
+                    and _CROSS_TILES):
+                cross = b.shape[0] * entries // n_points
+                if cross >= _SYMMETRIC_MIN_ENTRIES:
+                    per_pair = entries // n_points**2
+                    ta = _tile_count(n_points, per_pair, _CROSS_TILE_ENTRIES)
+                    tb = _tile_count(b.shape[0], per_pair, _CROSS_TILE_ENTRIES)
+                    if ta * tb > 1:
+                        return _cross_kernel_map(kernel_map, a, b, full_here, want_ntk, ta, tb)
             k0 = _input_kernel(a, b, full_here, want_ntk)
             if ma is not None:
                 k0 = _keep_flow(k0.replace(mask1=ma, mask2=mb), k0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -702,6 +703,23 @@ def Gaussian(a: float = 1.0, b: float = -1.0) -> Layer:
     return _activation(f"Gaussian({_fmt(a)}, {_fmt(b)})", fn, moments, mean=mean)
 
 
+@functools.lru_cache(maxsize=64)
+def legendre_rule(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss-Legendre nodes and weights on [-1, 1] (cached: NumPy's rule costs O(n^2), 0.1-1 s at 1,024 nodes,
+    and the quadrature functions are called once per layer and kernel entry kind)."""
+    nodes, weights = np.polynomial.legendre.leggauss(int(n))
+    nodes.flags.writeable = weights.flags.writeable = False
+    return nodes, weights
+
+
+@functools.lru_cache(maxsize=64)
+def hermite_rule(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss-Hermite nodes and weights (weight exp(-x^2)), cached as `legendre_rule`."""
+    nodes, weights = np.polynomial.hermite.hermgauss(int(n))
+    nodes.flags.writeable = weights.flags.writeable = False
+    return nodes, weights
+
+
 def gauss_hermite_2d(f1: Callable, f2: Callable, c, v1, v2, deg: int):
     """E[f1(u) f2(v)] for (u, v) centred Gaussian with variances ``v1``, ``v2`` and covariance ``c``, by
     ``deg``-point Gauss-Hermite quadrature in each dimension (arrays broadcast together).
@@ -709,7 +727,7 @@ def gauss_hermite_2d(f1: Callable, f2: Callable, c, v1, v2, deg: int):
     (u, v) = (sqrt(2 v1) x, c sqrt(2 / v1) x + sqrt(2 (v2 - c^2 / v1)) y), x and y the Hermite nodes (the
     Cholesky factor of the 2x2 covariance); memory grows as (entries x deg), one outer node at a time.
     """
-    nodes, weights = np.polynomial.hermite.hermgauss(int(deg))
+    nodes, weights = hermite_rule(deg)
     dtype = jnp.result_type(c, v1, v2)
     x = jnp.asarray(nodes, dtype)
     w = jnp.asarray(weights, dtype)
@@ -751,8 +769,8 @@ def gauss_polar_2d(f1: Callable, f2: Callable, c, v1, v2, n_theta: int = 16, n_r
     breaks = jnp.sort(jnp.stack([jnp.full_like(rho, math.pi / 2), jnp.full_like(rho, 1.5 * math.pi), t_v,
                                  t_v + math.pi], axis=-1), axis=-1)
     ends = jnp.concatenate([breaks, breaks[..., :1] + 2 * math.pi], axis=-1)  # four arcs covering the circle
-    tn, tw = np.polynomial.legendre.leggauss(int(n_theta))
-    rn, rw = np.polynomial.legendre.leggauss(int(n_r))
+    tn, tw = legendre_rule(n_theta)
+    rn, rw = legendre_rule(n_r)
     r = jnp.asarray((rn + 1) * (r_max / 2), dtype)
     r_weight = jnp.asarray(rw * (r_max / 2), dtype) * r * jnp.exp(-r * r / 2)
     nodes = [(a, jnp.asarray(t, dtype), jnp.asarray(w, dtype)) for a in range(4) for t, w in zip(tn, tw)]
@@ -777,7 +795,7 @@ def gauss_polar_2d(f1: Callable, f2: Callable, c, v1, v2, n_theta: int = 16, n_r
 def gauss_split_1d(f: Callable, v, n: int = 48, r_max: float = 9.5):
     """E[f(u)] for u ~ N(0, v) as int_0^inf [f(s z) + f(-s z)] phi(z) dz, Gauss-Legendre with ``n`` nodes on
     [0, ``r_max``]: spectral for functions smooth on each side of 0 (a kink or jump at 0, as `gauss_polar_2d`)."""
-    zn, zw = np.polynomial.legendre.leggauss(int(n))
+    zn, zw = legendre_rule(n)
     w_np = zw * (r_max / 2) * np.exp(-((zn + 1) * (r_max / 2)) ** 2 / 2) / math.sqrt(2 * math.pi)
     z_np = (zn + 1) * (r_max / 2)
     scale = jnp.sqrt(jnp.maximum(v, 0))[..., None]
@@ -800,7 +818,7 @@ def gauss_split_1d(f: Callable, v, n: int = 48, r_max: float = 9.5):
 
 def gauss_hermite_1d(f: Callable, v, deg: int):
     """E[f(u)] for u ~ N(0, v) by ``deg``-point Gauss-Hermite quadrature (v an array)."""
-    nodes, weights = np.polynomial.hermite.hermgauss(int(deg))
+    nodes, weights = hermite_rule(deg)
     x = jnp.asarray(nodes, v.dtype)
     w = jnp.asarray(weights, v.dtype)
     s = jnp.sqrt(2 * jnp.maximum(v, 0))[..., None]

@@ -24,6 +24,7 @@ from smnngp.traced._values import (
     ONES,
     Affine,
     BiasTerm,
+    Concat,
     Const,
     DataIn,
     Field,
@@ -33,6 +34,7 @@ from smnngp.traced._values import (
     Nonlin,
     Param,
     PerEx,
+    PerExChannels,
     PerPos,
 )
 
@@ -45,6 +47,8 @@ ELEMENTWISE = frozenset({
     "not", "and", "or", "copy", "copy_p", "reduce_precision", "nextafter", "rem",
 })
 _PASS_THROUGH = frozenset({"copy", "copy_p", "optimization_barrier"})
+# The most groups of units a per-channel constant may split a field into (one part of the kernel computation each).
+MAX_CHANNEL_GROUPS = 32
 
 
 def refuse(op: Op, why: str) -> TracedError:
@@ -108,8 +112,9 @@ def _uniform_scalar(value, op: Op, what: str) -> float:
         same = np.isnan(flat)
     if not np.all(same):
         raise refuse(op, f"{what} varies along the width or batch axis (values from {flat.min()} to "
-                         f"{flat.max()}); a fixed vector that is not constant along the width has no "
-                         f"infinite-width limit here")
+                         f"{flat.max()}); here a fixed vector must be constant along the width (constants per "
+                         f"channel are read entrywise on a Gaussian pre-activation only, where they split its units "
+                         f"into groups: batch normalisation before the nonlinearity)")
     return float(flat[0]) if arr.dtype.kind in "fc" else flat[0].item()
 
 
@@ -130,6 +135,8 @@ class Interpreter:
         self.fan_in: dict = {}  # fan-in of each weight leaf
         self.first_use: dict = {}  # (view, contracted axis, fan-in) of each weight leaf's first use
         self.activation_report: dict = {} if report is None else report  # chain -> (source line, how read)
+        self._part: tuple = ()  # the part of a concatenation an operation is applied to (names its activations)
+        self._restricted: dict = {}  # (id(term), units) -> (term, the term restricted to those units)
         if not self.frontier:
             raise TracedError("smnngp.traced: the model's output does not depend on both the input and a random "
                               "parameter; there is no kernel to compute")
@@ -222,6 +229,7 @@ class Interpreter:
                                          shape1=(k0.shape1[0],) + sp + (k0.shape1[-1],),
                                          shape2=(k0.shape2[0],) + sp + (k0.shape2[-1],), full=bool(sp))
         m = Moments(k0, self.deg, self.recognised, self.activation_report, stacked)
+        self._part, self._restricted = (), {}
         env: dict = {}
         for pos, v in enumerate(self.program.params_vars):
             env[v] = Param(pos, tuple(self.program.avals[v].shape), 1.0, ())
@@ -238,6 +246,10 @@ class Interpreter:
             raise TracedError(f"smnngp.traced: the model returns {len(self.program.out_vars)} arrays; it must "
                               f"return one (the network's output)")
         out = self._value(env, self.program.out_vars[0])
+        if isinstance(out, Concat):
+            raise TracedError("smnngp.traced: the model's output is a concatenation along the width of parts with "
+                              "different kernels: its outputs are not identically distributed, so there is no one "
+                              "output kernel; end the model with a dense layer after the concatenation")
         if not isinstance(out, Field):
             raise TracedError(f"smnngp.traced: the model's output is not an infinite-width activation (it is "
                               f"{type(out).__name__}); it must end in a layer with random weights")
@@ -249,11 +261,22 @@ class Interpreter:
         k = k.replace(shape1=(k0.shape1[0], n_out), shape2=(k0.shape2[0], n_out), is_gaussian=out.gaussian)
         return k, m.symmetric
 
+    def _origin(self, op: Op):
+        """What names an activation made by ``op`` (recognition is cached by it): the operation, and the part of a
+        concatenation it was applied to."""
+        pos = self.position[id(op)]
+        return pos if not self._part else (pos, "part") + self._part
+
     # dispatch
     def apply(self, op: Op, ins, m: Moments):
         name = op.name
         if name in _PASS_THROUGH:
             return ins
+        if name == "split":
+            return self._split(op, ins[0])
+        if any(isinstance(v, Concat) for v in ins) and name not in ("dot_general", "conv_general_dilated",
+                                                                    "concatenate"):
+            return [self._concat_op(op, ins, m)]
         if any(isinstance(v, PerPos) for v in ins) and name != "dot_general":
             return [self._perpos(op, ins)]
         if name == "stop_gradient":
@@ -267,7 +290,10 @@ class Interpreter:
         if name == "reduce_window_sum":
             return [self._sum_pool(op, ins[0])]
         if name in ELEMENTWISE:
-            return [self._elementwise(op, ins, m)]
+            return [self._entrywise(op, ins, m)]
+        if any(isinstance(v, PerExChannels) for v in ins):
+            raise refuse(op, "a per-example statistic times a constant per channel (a normalisation's scale) is "
+                             "read only as the factor of an activation")
         if name == "reduce_sum":
             return [self._reduce_sum(op, ins[0], m)]
         if name in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims"):
@@ -294,6 +320,13 @@ class Interpreter:
     def _dot_general(self, op: Op, ins, m: Moments):
         (lc, rc), (lb, rb) = op.params["dimension_numbers"]
         a, b = ins
+        if isinstance(a, Concat) or isinstance(b, Concat):
+            c, other = (a, b) if isinstance(a, Concat) else (b, a)
+            if not isinstance(other, Param) or lb or rb:
+                raise refuse(op, f"a concatenation along the width (channels) contracted with "
+                                 f"{type(other).__name__} (attention scores or weights of concatenated activations): "
+                                 f"only a random weight (a dense layer) is applied to a concatenation here")
+            _check_parts(op, c, "a dense layer")
         if isinstance(a, Field) and isinstance(b, Field) and (lb or rb):
             return self._attention_logits(op, a, b, m)
         if any(isinstance(v, PerPos) for v in ins):
@@ -304,10 +337,10 @@ class Interpreter:
             return Const(np.zeros(aval.shape, aval.dtype))
         if lb or rb:
             raise refuse(op, "a batched contraction (vmap over examples or heads) is not supported yet")
-        weight_left = isinstance(a, Param) and isinstance(b, (Field, DataIn))
+        weight_left = isinstance(a, Param) and isinstance(b, (Field, DataIn, Concat))
         if weight_left:  # W @ x.T (a vmapped W @ x, as Equinox's Linear): (width, batch), transposed later
             a, b, lc, rc = b, a, rc, lc
-        if not (isinstance(b, Param) and isinstance(a, (Field, DataIn))):
+        if not (isinstance(b, Param) and isinstance(a, (Field, DataIn, Concat))):
             if isinstance(a, Field) and isinstance(b, Field):
                 raise refuse(op, "a product of two activations contracted over the width (attention scores) is "
                                  "not supported yet")
@@ -408,7 +441,7 @@ class Interpreter:
             # and the NTK when the input's NTK is its NNGP)
             (proj, coef), = f.terms
             mixed = proj.inp.like(((Mixed(weights, proj.inp, key), 1.0),), roles=None)
-            return Field(((Affine(proj.weight, mixed, proj.layer), coef),), roles, f.width, f.spatial)
+            return Field(((Affine(proj.weight, mixed, proj.layer, proj.units), coef),), roles, f.width, f.spatial)
         return Field(((Mixed(weights, f, key), 1.0),), roles, f.width, f.spatial)
 
     def _perpos(self, op: Op, ins) -> PerPos:
@@ -518,7 +551,9 @@ class Interpreter:
     def _conv(self, op: Op, ins):
         """A convolution of activations (or the input) with a random filter: stax `Conv` on the kernel."""
         lhs, rhs = ins
-        if not (isinstance(rhs, Param) and isinstance(lhs, (Field, DataIn))):
+        if isinstance(lhs, Concat):
+            _check_parts(op, lhs, "a convolution")
+        if not (isinstance(rhs, Param) and isinstance(lhs, (Field, DataIn, Concat))):
             raise refuse(op, f"a convolution of {type(lhs).__name__} with {type(rhs).__name__}; the filter must be "
                              f"a random weight leaf and the input an activation (or the model's input)")
         prm = op.params
@@ -583,14 +618,16 @@ class Interpreter:
         layer = stax.SumPool(tuple(window), tuple(strides), padding)
         return self._mapped(op, v, layer, v.roles, v.width, "pool", (tuple(window), tuple(strides), padding))
 
-    def _mapped(self, op: Op, v: Field, layer, roles, width, kind, config) -> Field:
-        """``v`` through the linear spatial map ``layer`` (its output has the roles and width given)."""
+    def _mapped(self, op: Op, v: Field, layer, roles, width, kind, config, sizes=None) -> Field:
+        """``v`` through the linear spatial map ``layer`` (its output has the roles and width given, and the
+        spatial sizes ``sizes``, by default those of the operation's output)."""
         self.spatial_layers[self.position[id(op)]] = layer
-        out_shape = self.program.avals[op.outs[0]].shape
-        sizes = [0] * sum(r.startswith("s") for r in roles)
-        for a, r in enumerate(roles):
-            if r.startswith("s"):
-                sizes[int(r[1:])] = int(out_shape[a])
+        if sizes is None:
+            out_shape = self.program.avals[op.outs[0]].shape
+            sizes = [0] * sum(r.startswith("s") for r in roles)
+            for a, r in enumerate(roles):
+                if r.startswith("s"):
+                    sizes[int(r[1:])] = int(out_shape[a])
         term = Mapped(layer, v, (kind, config, v.roles, v.spatial))
         return Field(((term, 1.0),), tuple(roles), width, tuple(sizes))
 
@@ -702,14 +739,19 @@ class Interpreter:
         roles = v.roles[:axes[0]] + tuple(f"s{i}" for i in range(n)) + v.roles[axes[0] + d:]
         return self._mapped(op, v, Reposition(v.spatial, after), roles, v.width, "reposition", (v.spatial, after))
 
-    def _move_positions(self, op: Op, ins) -> Field:
+    def _move_positions(self, op: Op, ins):
         """``slice`` (with strides), ``pad`` with zeros (negative: cropping; interior: zeros between positions) and
-        ``rev`` of an activation along its spatial axes: a `PositionMap` of the kernel."""
+        ``rev`` of an activation along its spatial axes: a `PositionMap` of the kernel; a slice (or reversal) along
+        the width: part of the units (`_reindex`)."""
         v = ins[0]
-        if not isinstance(v, Field):
+        if isinstance(v, Param):
+            raise refuse(op, f"{op.name} of a random parameter (part of a weight's columns) is not supported yet; "
+                             f"slice the weight's output instead (`jnp.split(h @ W, 3, axis=-1)` is read)")
+        if not isinstance(v, (Field, Concat)):
             raise refuse(op, f"{op.name} of {type(v).__name__} has no rule here")
         prm = op.params
         sources = [tuple(range(n)) for n in v.spatial]
+        width_src = None
         for a, role in enumerate(v.roles):
             n = int(self.program.avals[op.ins[0]].shape[a])
             if op.name == "slice":
@@ -728,33 +770,154 @@ class Interpreter:
                 src, moved = tuple(range(n - 1, -1, -1)), a in prm["dimensions"] and n > 1
             if role.startswith("s"):
                 sources[int(role[1:])] = src
+            elif role == "w" and moved and op.name != "pad":
+                width_src = src
             elif moved:
-                what = {"b": "the batch axis (examples)", "w": "the width (channels: a fused projection split, or "
-                        "part of the units)"}.get(role, f"an axis {role}")
+                what = {"b": "the batch axis (examples)", "w": "the width (channels padded with zeros)"}.get(
+                    role, f"an axis {role}")
                 raise refuse(op, f"{op.name} along {what} is not supported; along spatial axes it is")
         if op.name == "pad":
             fill = ins[1]
             if not isinstance(fill, Const) or np.any(np.asarray(fill.value) != 0):
                 raise refuse(op, "padding an activation with a value other than zero")
-        return self._position_map(op, v, tuple(sources), (op.name, tuple(sources)))
+        return self._move(op, v, tuple(sources), width_src, (op.name, tuple(sources)))
+
+    def _split(self, op: Op, v) -> list:
+        """``jnp.split``: each output a slice of ``v`` (along the width: part of its units, a fused projection
+        split into queries, keys and values; along a spatial axis: part of its positions)."""
+        axis, sizes = int(op.params["axis"]), [int(n) for n in op.params["sizes"]]
+        if isinstance(v, Param):
+            raise refuse(op, "a split of a random parameter (a fused weight split into its parts) is not supported "
+                             "yet; split the weight's output instead (`jnp.split(h @ W, 3, axis=-1)` is read)")
+        if not isinstance(v, (Field, Concat)):
+            raise refuse(op, f"a split of {type(v).__name__} has no rule here")
+        role = v.roles[axis]
+        if not (role == "w" or role.startswith("s")):
+            what = {"b": "the batch axis (examples)"}.get(role, f"an axis {role}")
+            raise refuse(op, f"a split along {what} is not supported; along the width or a spatial axis it is")
+        outs, offset = [], 0
+        for i, size in enumerate(sizes):
+            part = tuple(range(offset, offset + size))
+            sources = [tuple(range(n)) for n in v.spatial]
+            if role == "w":
+                outs.append(self._move(op, v, tuple(sources), part, None))
+            else:
+                sources[int(role[1:])] = part
+                outs.append(self._move(op, v, tuple(sources), None, ("split", i, tuple(sources))))
+            offset += size
+        return outs
+
+    def _move(self, op: Op, v, sources: tuple, width_src, config):
+        """``v`` (a field or a concatenation) with its positions moved (``sources``, per spatial axis) and then
+        restricted to the units ``width_src`` (None: all)."""
+        if isinstance(v, Concat):
+            moved = []
+            for p in v.parts:
+                if not isinstance(p, Field):
+                    raise refuse(op, f"{op.name} of a concatenation of products of activations has no rule here")
+                moved.append(self._position_map(op, p, sources, config))
+            v = Concat(tuple(moved), v.units, v.roles, moved[0].spatial)
+        else:
+            v = self._position_map(op, v, sources, config)
+        if width_src is not None:
+            try:
+                v = self._reindex(v, tuple(width_src))
+            except _Unsplittable as e:
+                raise refuse(op, f"a slice along the width (part of the units) of an activation that is not "
+                                 f"Gaussian ({e.what}) is not supported yet; slices of a weight's output are read "
+                                 f"(a fused query-key-value projection split in three: slice before the "
+                                 f"nonlinearity)") from None
+        return v
 
     def _position_map(self, op: Op, v: Field, sources: tuple, config) -> Field:
         if sources == tuple(tuple(range(n)) for n in v.spatial):
             return v
-        return self._mapped(op, v, PositionMap(sources), v.roles, v.width, "positions", config)
+        return self._mapped(op, v, PositionMap(sources), v.roles, v.width, "positions", config,
+                            sizes=tuple(len(s) for s in sources))
 
-    def _concatenate(self, op: Op, ins) -> Field:
+    # -- parts of the width ---------------------------------------------------------------------------------
+    def _reindex(self, v, src: tuple):
+        """The units ``src`` of ``v`` (a field or a concatenation), in that order: each part of ``v`` restricted to
+        the units it holds there (`_restrict`); one field when one part holds them all, else a `Concat`.
+        `_Unsplittable` when a part that is not Gaussian would have to be cut."""
+        if isinstance(v, Field):
+            return v if src == tuple(range(v.width)) else self._restrict(v, src)
+        where = {u: (k, i) for k, units in enumerate(v.units) for i, u in enumerate(units)}
+        picked: dict = {}
+        for j, u in enumerate(src):
+            k, i = where[u]
+            idx, pos = picked.setdefault(k, ([], []))
+            idx.append(i)
+            pos.append(j)
+        parts, units = [], []
+        for k in sorted(picked):
+            idx, pos = picked[k]
+            part = v.parts[k]
+            if tuple(idx) != tuple(range(len(v.units[k]))):
+                part = self._restrict(part, tuple(idx))
+            parts.append(part)
+            units.append(tuple(pos))
+        if len(parts) == 1:
+            return parts[0]
+        return Concat(tuple(parts), tuple(units), v.roles, v.spatial)
+
+    def _restrict(self, f, idx: tuple) -> Field:
+        """The units ``idx`` of a Gaussian field (a weight's output, a bias, their sums and spatial maps): each
+        term restricted to them (`_restrict_term`). An activation's units are not split (`_Unsplittable`)."""
+        if isinstance(f, Concat):
+            return self._reindex(f, idx)
+        if not isinstance(f, Field):
+            raise _Unsplittable("a product of two activations")
+        terms = tuple((self._restrict_term(t, idx), c) for t, c in f.terms)
+        return Field(terms, f.roles, len(idx), f.spatial)
+
+    def _restrict_term(self, t, idx: tuple):
+        """A term on the units ``idx`` of its width. ``W a`` on some of ``W``'s columns is a weight of its own
+        (different columns are independent); the same restriction twice is the same term."""
+        if t is ONES:
+            return t
+        key = (id(t), idx)
+        if key in self._restricted:
+            return self._restricted[key][1]
+        if isinstance(t, Affine):
+            new = Affine(t.weight, t.inp, t.layer, _compose_units(t.units, idx))
+        elif isinstance(t, BiasTerm):
+            new = BiasTerm(t.leaf, t.variance, t.ntk, t.positional, _compose_units(t.units, idx))
+        elif isinstance(t, Mixed):  # attention mixes positions unit by unit
+            new = Mixed(t.weights, self._restrict(t.inp, idx), t.key)
+        elif isinstance(t, Mapped) and t.key[0] != "flatten":  # pooling and moves act on each unit alike
+            new = Mapped(t.layer, self._restrict(t.inp, idx), t.key)
+        elif isinstance(t, Mapped):
+            raise _Unsplittable("a flattened activation, whose units are positions and channels")
+        else:
+            raise _Unsplittable(f"the nonlinearity at {t.where}" if isinstance(t, Nonlin) else type(t).__name__)
+        self._restricted[key] = (t, new)
+        return new
+
+    def _onto(self, v, units: tuple) -> list:
+        """``v`` (a field or a concatenation of the whole width) on each part of the split ``units``."""
+        if isinstance(v, Concat) and v.units == units:
+            return list(v.parts)
+        return [self._reindex(v, u) for u in units]
+
+    def _concatenate(self, op: Op, ins):
         """Concatenation along a spatial axis (sequences joined, a class token put in front): the sum of the parts,
         each padded with zeros to the whole length. Parts must be independent of one another (a random token and
-        an activation, two independent branches); along the width it is refused."""
+        an activation, two independent branches). Along the width: a `Concat`."""
         d = int(op.params["dimension"])
-        fields = [v for v in ins if isinstance(v, Field)]
+        fields = [v for v in ins if isinstance(v, (Field, Concat))]
         if not fields:
             raise refuse(op, "a concatenation of values that are not activations")
         roles = fields[0].roles
+        if roles[d] == "w":
+            return self._concat_width(op, ins, d)
+        if any(isinstance(v, Concat) for v in ins):
+            raise refuse(op, "a concatenation along a spatial axis of concatenations along the width is not "
+                             "supported yet")
         if not roles[d].startswith("s"):
-            what = {"b": "the batch axis", "w": "the width (channels)"}.get(roles[d], f"axis {roles[d]}")
-            raise refuse(op, f"a concatenation along {what} is not supported yet; along a spatial axis it is")
+            what = {"b": "the batch axis"}.get(roles[d], f"axis {roles[d]}")
+            raise refuse(op, f"a concatenation along {what} is not supported; along the width or a spatial axis "
+                             f"it is")
         axis = int(roles[d][1:])
         sizes = [int(self.program.avals[i].shape[d]) for i in op.ins]
         total, offset, parts = sum(sizes), 0, []
@@ -774,6 +937,238 @@ class Interpreter:
         for part in parts[1:]:
             out = _add_fields(out, part)
         return out
+
+    def _concat_width(self, op: Op, ins, d: int) -> Concat:
+        """Activations side by side along the width (DenseNet's ``concatenate([h, f(h)], -1)``): a `Concat`, whose
+        parts keep their own units; the next layer's kernel is the width-weighted average of theirs."""
+        parts, units, offset = [], [], 0
+        first = next(v for v in ins if isinstance(v, (Field, Concat)))
+        for v, var in zip(ins, op.ins):
+            size = int(self.program.avals[var].shape[d])
+            if isinstance(v, Param):
+                v = self._bias(op, v, Field((), first.roles, size, first.spatial), 1.0)
+            if isinstance(v, DataIn):
+                raise refuse(op, "a concatenation of the input (a finite number of features) with activations along "
+                                 "the width: the input's share of the width vanishes in the limit, while the finite "
+                                 "network keeps it; concatenate activations (the input after a dense layer)")
+            if isinstance(v, Const):
+                raise refuse(op, "a fixed value concatenated with activations along the width (channels of zeros "
+                                 "or constants) is not supported yet")
+            if not isinstance(v, (Field, Concat)):
+                raise refuse(op, f"a concatenation along the width of {type(v).__name__} with activations")
+            if v.roles != first.roles or v.spatial != first.spatial or v.width != size:
+                raise refuse(op, f"a concatenation along the width of activations with axes {v.roles} and "
+                                 f"{first.roles} (spatial sizes {v.spatial} and {first.spatial})")
+            if isinstance(v, Concat):
+                parts += list(v.parts)
+                units += [tuple(offset + u for u in us) for us in v.units]
+            else:
+                parts.append(v)
+                units.append(tuple(range(offset, offset + size)))
+            offset += size
+        return Concat(tuple(parts), tuple(units), first.roles, first.spatial)
+
+    # -- operations on a concatenation along the width: part by part ------------------------------------------
+    def _concat_op(self, op: Op, ins, m: Moments):
+        name = op.name
+        c = next(v for v in ins if isinstance(v, Concat))
+        if name in ELEMENTWISE:
+            return self._concat_elementwise(op, ins, m)
+        if name == "reduce_sum":
+            return self._concat_reduce(op, c, m)
+        if name in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose"):
+            return self._concat_layout(op, c)
+        if name in ("slice", "pad", "rev"):
+            return self._move_positions(op, ins)
+        if name == "reduce_window_sum":
+            _check_parts(op, c, "pooling")
+            pooled = tuple(self._sum_pool(op, p) for p in c.parts)
+            return Concat(pooled, c.units, c.roles, pooled[0].spatial)
+        raise refuse(op, "this operation on a concatenation along the width (channels) has no rule here")
+
+    def _entrywise(self, op: Op, ins, m: Moments):
+        """An entrywise operation: a statistic per channel applied to a field, constants per channel that split a
+        field's units (`_per_channel`), or the rules of `_elementwise`."""
+        if any(isinstance(v, PerExChannels) for v in ins):
+            return self._scale_per_channel(op, ins, m)
+        grouped = self._per_channel(op, ins, m)
+        return grouped if grouped is not None else self._elementwise(op, ins, m)
+
+    def _statistic_per_channel(self, op: Op, ins):
+        """``s * c`` (or ``s / c``) for a per-example statistic ``s`` and a constant ``c`` that varies along one axis
+        only, where ``s`` has size one: a `PerExChannels` (None otherwise)."""
+        if op.name not in ("mul", "div") or len(ins) != 2:
+            return None
+        p, c = ins if isinstance(ins[0], PerEx) else ins[::-1]
+        if not (isinstance(p, PerEx) and isinstance(c, Const)) or p.power or (op.name == "div" and ins[1] is not c):
+            return None
+        arr = np.asarray(c.value)
+        if arr.ndim != len(self.program.avals[op.outs[0]].shape) or arr.ndim != len(p.roles):
+            return None
+        varying = [a for a in range(arr.ndim) if arr.shape[a] > 1 and not np.all(arr == np.take(arr, [0], axis=a))]
+        if len(varying) != 1 or p.roles[varying[0]] != "1":
+            return None
+        if op.name == "div":
+            arr = 1.0 / arr
+        return PerExChannels(p, arr)
+
+    def _scale_per_channel(self, op: Op, ins, m: Moments):
+        """A field (or a concatenation) times a `PerExChannels`: times the statistic, then times the constant per
+        channel (which splits its units into groups, `_per_channel`)."""
+        pc = next(v for v in ins if isinstance(v, PerExChannels))
+        others = [v for v in ins if v is not pc]
+        if op.name != "mul" or len(others) != 1 or not isinstance(others[0], (Field, Concat)):
+            raise refuse(op, "a per-example statistic times a constant per channel (a normalisation's scale) is "
+                             "read only as the factor of an activation")
+        f = others[0]
+        scaled = (self._concat_elementwise if isinstance(f, Concat) else self._entrywise)(op, [f, pc.perex], m)
+        const = Const(pc.const)
+        if isinstance(scaled, Concat):
+            return self._concat_elementwise(op, [scaled, const], m)
+        return self._entrywise(op, [scaled, const], m)
+
+    def _concat_elementwise(self, op: Op, ins, m: Moments):
+        """An entrywise operation with a concatenation: applied part by part, each operand on each part's units
+        (a field of the whole width restricted to them, a constant per channel sliced, a bias split)."""
+        concats = [v for v in ins if isinstance(v, Concat)]
+        units = concats[0].units
+        for other in concats[1:]:
+            if other.units != units:
+                units = _refine(units, other.units)
+        n = concats[0].width
+        w_axis = concats[0].roles.index("w")
+        per_operand = []
+        try:
+            for v in ins:
+                if isinstance(v, Param) and op.name in ("add", "sub"):
+                    v = self._bias(op, v, Field((), concats[0].roles, n, concats[0].spatial), 1.0)
+                if isinstance(v, (Field, Concat)):
+                    if v.width != n:
+                        raise refuse(op, f"a concatenation along the width of {n} units combined entrywise with an "
+                                         f"activation of width {v.width}")
+                    per_operand.append(self._onto(v, units))
+                elif isinstance(v, Const):
+                    arr = np.asarray(v.value)
+                    if arr.ndim == 0 or arr.ndim <= w_axis or arr.shape[w_axis] == 1:
+                        per_operand.append([v] * len(units))
+                    else:
+                        per_operand.append([Const(np.take(arr, np.asarray(u), axis=w_axis)) for u in units])
+                elif isinstance(v, PerEx):
+                    per_operand.append([v] * len(units))
+                elif isinstance(v, PerExChannels) and v.const.shape[w_axis] == n:
+                    per_operand.append([PerExChannels(v.perex, np.take(v.const, np.asarray(u), axis=w_axis))
+                                        for u in units])
+                else:
+                    raise refuse(op, f"a concatenation along the width combined entrywise with "
+                                     f"{type(v).__name__} has no rule here")
+        except _Unsplittable as e:
+            raise refuse(op, f"a concatenation along the width combined entrywise with an activation that is not "
+                             f"split into the same parts ({e.what}: its units would have to be split, which is "
+                             f"supported for Gaussian fields only)") from None
+        parts, out_units = [], []
+        outer = self._part
+        for k, us in enumerate(units):
+            self._part = outer + (k,)
+            try:
+                out = self._entrywise(op, [vals[k] for vals in per_operand], m)
+            finally:
+                self._part = outer
+            if isinstance(out, Concat):  # a constant per channel split this part further
+                parts += list(out.parts)
+                out_units += [tuple(us[i] for i in sub) for sub in out.units]
+            elif isinstance(out, (Field, FieldProduct)):
+                parts.append(out)
+                out_units.append(us)
+            else:
+                raise refuse(op, f"an entrywise operation on a concatenation along the width gives "
+                                 f"{type(out).__name__}; it has no rule here")
+        roles = max((p.roles for p in parts), key=len)
+        return Concat(tuple(parts), tuple(out_units), roles, concats[0].spatial)
+
+    def _concat_reduce(self, op: Op, c: Concat, m: Moments):
+        """A mean over the width of a concatenation: the width-weighted average of its parts' means (layer
+        normalisation of a DenseNet's concatenation); a sum over other axes (global pooling): part by part."""
+        axes = tuple(op.params["axes"])
+        summed = {c.roles[a] for a in axes}
+        results = [self._reduce_sum(op, p, m) for p in c.parts]
+        if "w" not in summed:
+            return Concat(tuple(results), c.units, results[0].roles, results[0].spatial)
+        n = c.width
+        v1 = sum(r.v1 * (len(u) / n) for r, u in zip(results, c.units))
+        v2 = None if all(r.v2 is None for r in results) else sum(
+            (r.v1 if r.v2 is None else r.v2) * (len(u) / n) for r, u in zip(results, c.units))
+        return PerEx(v1, v2, results[0].roles, all(r.zero for r in results), power=1, power_width=n)
+
+    def _concat_layout(self, op: Op, c: Concat) -> Concat:
+        """Axes of size one added or removed, or permuted, on every part alike."""
+        out_shape = tuple(self.program.avals[op.outs[0]].shape)
+        if op.name == "transpose":
+            roles = tuple(c.roles[p] for p in op.params["permutation"])
+        else:
+            in_shape = tuple(self.program.avals[op.ins[0]].shape)
+            if [s for s in out_shape if s != 1] != [s for s in in_shape if s != 1]:
+                raise refuse(op, f"a reshape of a concatenation along the width with axes {c.roles} to shape "
+                                 f"{out_shape} (flattening, attention heads, positions regrouped) is not supported "
+                                 f"yet; apply a dense layer or a convolution to the concatenation first")
+            roles = self._roles_after(op, c.roles, out_shape)
+            if [r for r in roles if r != "1"] != [r for r in c.roles if r != "1"]:
+                raise refuse(op, f"a reshape of a concatenation along the width with axes {c.roles} to shape "
+                                 f"{out_shape}")
+        parts = tuple(p.like(p.terms, roles) if isinstance(p, Field) else
+                      FieldProduct(p.left, p.right, roles, p.width, p.spatial) for p in c.parts)
+        return Concat(parts, c.units, roles, c.spatial)
+
+    def _per_channel(self, op: Op, ins, m: Moments):
+        """An entrywise operation of fields with a constant per channel that takes a few values along the width
+        (batch normalisation in inference mode: running statistics, scales and offsets per channel): the units
+        grouped by their values, each group a part of a `Concat` with uniform constants (exact with each group's
+        share of the width fixed as it grows). None when no constant varies along the width only."""
+        fields = [v for v in ins if isinstance(v, Field)]
+        if not fields or any(isinstance(v, (FieldProduct, Param, DataIn, PerPos, Concat)) for v in ins):
+            return None
+        f = fields[0]
+        out_shape = tuple(self.program.avals[op.outs[0]].shape)
+        if "w" not in f.roles or len(f.roles) != len(out_shape):
+            return None
+        # (on a part of a concatenation the output's shape is the whole's: the constants are the part's already)
+        w_axis, n = f.roles.index("w"), f.width
+        if n < 2 or any(g.roles.index("w") != w_axis if "w" in g.roles else True for g in fields):
+            return None
+        columns = []
+        for v in ins:
+            if not isinstance(v, Const):
+                continue
+            arr = np.asarray(v.value)
+            if arr.ndim != len(out_shape) or arr.shape[w_axis] != n:
+                continue
+            rows = np.moveaxis(arr, w_axis, -1).reshape(-1, n)
+            if not np.all(rows == rows[:1]):
+                return None  # varies along another axis: refused with the constant's own message
+            if np.all(rows[0] == rows[0, 0]):
+                continue
+            columns.append(rows[0])
+        if not columns:
+            return None
+        groups: dict = {}
+        for j, key in enumerate(zip(*[c.tolist() for c in columns])):
+            groups.setdefault(key, []).append(j)
+        if len(groups) > MAX_CHANNEL_GROUPS:
+            raise refuse(op, f"a constant per channel that takes {len(groups)} different values along the width "
+                             f"(batch normalisation in inference mode with trained statistics, scales or offsets): "
+                             f"each value is a part of its own in the kernel (exact with each value's share of the "
+                             f"width fixed), and more than {MAX_CHANNEL_GROUPS} is too many; constants equal "
+                             f"across the channels are read as one")
+        units = tuple(tuple(g) for g in groups.values())
+        try:
+            split = [Concat(tuple(self._onto(g, units)), units, g.roles, g.spatial) if isinstance(g, Field) else g
+                     for g in ins]
+        except _Unsplittable as e:
+            raise refuse(op, f"a constant per channel that varies along the width (batch normalisation in inference "
+                             f"mode with statistics, scales or offsets that differ across channels) applied to an "
+                             f"activation that is not Gaussian ({e.what}) is not supported yet: it splits the units "
+                             f"into groups, which is done for Gaussian fields (normalisation before the "
+                             f"nonlinearity) only; constants equal across the channels are read anywhere") from None
+        return self._concat_elementwise(op, split, m)
 
     def _param_field(self, op: Op, p: Param, roles: tuple, like: Field) -> Field:
         """A random leaf standing as an activation (a class token concatenated with a sequence): a bias field,
@@ -948,7 +1343,7 @@ class Interpreter:
             if len(members) + bool(claimed) < 2:
                 continue
             fused = Nonlin(_combination(alpha, [(t.fn, c) for t, c in members]), base, None, op.where,
-                           origin=(self.position[id(op)], k))
+                           origin=(self._origin(op), k))
             drop = {id(t) for t, _ in members} | claimed
             kept = []
             for t, c in terms:
@@ -972,7 +1367,7 @@ class Interpreter:
         funcs = [_as_function(v) for v in fields]
         if all(f is not None for f in funcs) and len({_base_key(b) for b, _ in funcs}) == 1:
             fn = self._compose(op, ins, {id(v): f for v, (_, f) in zip(fields, funcs)})
-            nl = Nonlin(fn, funcs[0][0], _product_pair(op, ins), op.where, origin=self.position[id(op)])
+            nl = Nonlin(fn, funcs[0][0], _product_pair(op, ins), op.where, origin=self._origin(op))
             return fields[0].like(((nl, 1.0),))
         pair = _product_pair(op, ins)
         if pair is not None:
@@ -1060,6 +1455,9 @@ class Interpreter:
         perex = [v for v in ins if isinstance(v, PerEx)]
         if not perex:
             raise refuse(op, f"unsupported operands {[type(v).__name__ for v in ins]}")
+        channels = self._statistic_per_channel(op, ins)
+        if channels is not None:
+            return channels
         name = op.name
         roles = ("b",) + ("1",) * (len(self.program.avals[op.outs[0]].shape) - 1)
         # dividing (multiplying) a sum over the width by the width (its inverse) makes it a mean
@@ -1148,6 +1546,37 @@ def _padding_name(op: Op, sizes, window, strides, pads) -> str:
         return "SAME"
     raise refuse(op, f"padding {pads} is neither 'VALID' nor 'SAME' for window {tuple(window)} and strides "
                      f"{tuple(strides)} (circular or uneven padding is not supported yet)")
+
+
+class _Unsplittable(Exception):
+    """Raised where part of the units of a value that is not Gaussian is needed; ``what`` names it."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
+def _compose_units(units, idx: tuple) -> tuple:
+    """The units ``idx`` of a term that holds ``units`` of its weight (None: all, in order)."""
+    return tuple(idx) if units is None else tuple(units[i] for i in idx)
+
+
+def _check_parts(op: Op, c: Concat, what: str):
+    """A concatenation entering ``what`` must be made of activations (not of products of them)."""
+    if not all(isinstance(p, Field) for p in c.parts):
+        raise refuse(op, f"{what} applied to a concatenation along the width of products of activations (an "
+                         f"entrywise product not yet reduced); only activations enter a weight")
+
+
+def _refine(a: tuple, b: tuple) -> tuple:
+    """The common refinement of two splits of the units into parts: units grouped by the pair of parts that hold
+    them, in the order of ``a``'s parts (a part of ``a`` that ``b`` does not cut keeps its order)."""
+    of_b = {u: i for i, units in enumerate(b) for u in units}
+    groups: dict = {}
+    for i, units in enumerate(a):
+        for u in units:
+            groups.setdefault((i, of_b[u]), []).append(u)
+    return tuple(tuple(g) for g in groups.values())
 
 
 # -- field algebra ------------------------------------------------------------------------------------------

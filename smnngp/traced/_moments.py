@@ -15,7 +15,11 @@ over pairs of terms, of their coefficients times the terms' moments, each comput
 * ``phi(g)`` with a Gaussian ``a``: Stein's lemma, ``E[phi'(g)] Cov(g, a)``;
 * the all-ones vector with ``phi(g)``: ``E[phi(g)]``; with a Gaussian: zero;
 * a linear spatial map (pooling, flattening) of ``a`` with the same map of ``b``: the stax layer's kernel map of
-  the moments of ``a`` and ``b``; with a weight or bias term that ``a`` does not hold: zero.
+  the moments of ``a`` and ``b``; with a weight or bias term that ``a`` does not hold: zero;
+* part of a weight's (a bias's) units with another part of them (slices of a fused projection): the share of
+  aligned coordinates that hold the same unit times the whole weight's moments (1 for the same slice, 0 for
+  disjoint ones: different columns of a weight are independent);
+* two concatenations along the width split alike: the width-weighted average of their parts' moments.
 
 Fields with spatial axes carry kernels with spatial axes (all position pairs, or their diagonal when the network
 allows it: ``Kernel.full``).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from smnngp.kernels import Kernel
 from smnngp.stax.attention import _sandwich as sandwich
@@ -32,7 +37,7 @@ from smnngp.stax.attention import _sandwich_diag as sandwich_diag
 from smnngp.stax.elementwise import gauss_polar_2d, gauss_split_1d
 from smnngp.traced._activations import quadrature_nodes, recognise
 from smnngp.traced._errors import TracedError
-from smnngp.traced._values import Affine, BiasTerm, DataIn, Field, Mapped, Mixed, Nonlin, Ones, PerEx
+from smnngp.traced._values import Affine, BiasTerm, Concat, DataIn, Field, Mapped, Mixed, Nonlin, Ones, PerEx
 
 
 def side_values(coef, x2_is_x1: bool):
@@ -121,6 +126,8 @@ class Moments:
 
     def field(self, F, G) -> Kernel | None:
         """Moments of two fields (or of the input with itself); ``None`` when they are exactly zero."""
+        if isinstance(F, Concat) or isinstance(G, Concat):
+            return self._concat(F, G)
         if isinstance(F, DataIn) or isinstance(G, DataIn):
             if isinstance(F, DataIn) and isinstance(G, DataIn):
                 if F.index is None:
@@ -142,6 +149,23 @@ class Moments:
                                   is_gaussian=F.gaussian and G.gaussian and F is G)
         return total
 
+    def _concat(self, F, G) -> Kernel | None:
+        """Two concatenations along the width split alike: ``sum_i n_i / n * E[F_i G_i]`` (stax's `FanInConcat`)."""
+        if not (isinstance(F, Concat) and isinstance(G, Concat)) or F.units != G.units:
+            raise TracedError("smnngp.traced: one weight multiplies a concatenation along the width and a value "
+                              "that is not split into the same parts (a weight reused on differently concatenated "
+                              "activations); this pairing is not supported")
+        total = None
+        for f, g, units in zip(F.parts, G.parts, F.units):
+            k = self.field(f, g)
+            if k is not None:
+                total = self._add(total, self._scaled(k, len(units) / F.width, 1.0))
+        if total is not None:
+            total = total.replace(shape1=(self.k0.shape1[0],) + F.spatial + (F.width,),
+                                  shape2=(self.k0.shape2[0],) + G.spatial + (G.width,),
+                                  is_gaussian=F.gaussian and G.gaussian and F is G)
+        return total
+
     def field_or_zero(self, F, G) -> Kernel:
         k = self.field(F, G)
         return self.constant(0.0, 0.0, F.width, False, F.spatial) if k is None else k
@@ -157,18 +181,23 @@ class Moments:
 
     def _term(self, t, u, spatial: tuple) -> Kernel | None:
         if isinstance(t, Affine) and isinstance(u, Affine):
-            if t.weight != u.weight:
+            share = 0.0 if t.weight != u.weight else coincidence(t.units, u.units)
+            if not share:
                 return None
             inner = self.field(t.inp, u.inp)
-            return None if inner is None else t.layer.kernel_map(inner.replace(is_gaussian=True))
+            if inner is None:
+                return None
+            k = t.layer.kernel_map(inner.replace(is_gaussian=True))
+            return k if share == 1.0 else self._scaled(k, share, 1.0)
         if isinstance(t, Mixed) or isinstance(u, Mixed):
             return self._mixed(t, u)
         if isinstance(t, Mapped) or isinstance(u, Mapped):
             return self._mapped(t, u)
         if isinstance(t, BiasTerm) and isinstance(u, BiasTerm):
-            if t.leaf != u.leaf:
+            share = 0.0 if t.leaf != u.leaf else coincidence(t.units, u.units)
+            if not share:
                 return None
-            k = self.constant(t.variance, t.ntk, 1, True, spatial)
+            k = self.constant(t.variance * share, t.ntk * share, 1, True, spatial)
             return self._per_position(k, t.positional, spatial) if t.positional else k
         if isinstance(t, Ones) and isinstance(u, Ones):
             return self.constant(1.0, 0.0, 1, False, spatial)
@@ -327,10 +356,28 @@ class Moments:
         return self._kernel(nngp, ntk, cov1, cov2, t.base.width, False)
 
 
+def coincidence(a, b) -> float:
+    """The share of aligned coordinates at which two parts of one weight's (bias's) units, ``a`` and ``b`` (index
+    tuples; None: every unit in order), hold the same unit: their moments are that share of the whole's."""
+    if a == b:
+        return 1.0
+    ia = None if a is None else np.asarray(a)
+    ib = None if b is None else np.asarray(b)
+    n = len(ia) if ia is not None else len(ib)
+    ia = np.arange(n) if ia is None else ia
+    ib = np.arange(n) if ib is None else ib
+    if ia.shape != ib.shape:
+        raise TracedError(f"smnngp.traced: two parts of one weight's units of different widths ({len(ia)} and "
+                          f"{len(ib)}) meet in one moment")
+    return float(np.count_nonzero(ia == ib)) / n
+
+
 def sources(x) -> frozenset:
     """The random leaves (weights and biases) a term or field depends on."""
     if isinstance(x, Field):
         return frozenset().union(*(sources(t) for t, _ in x.terms))
+    if isinstance(x, Concat):
+        return frozenset().union(*(sources(p) for p in x.parts))
     found = x.__dict__.get("_sources") if hasattr(x, "__dict__") else None
     if found is not None:
         return found

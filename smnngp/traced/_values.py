@@ -15,6 +15,10 @@
   field's positions mixed by them (attention's weighted sum of values).
 * `Mapped`: a linear map of a field along its spatial axes (pooling, flattening, a global mean), done by a stax
   layer's kernel map (the field's term in the width space of the map's output).
+* `PerExChannels`: a per-example statistic times a constant per channel (a normalisation's scale multiplied into
+  the statistic before it meets the field), applied when it meets one.
+* `Concat`: fields side by side along the width (a concatenation over the channels, or a per-channel constant
+  that takes a few values: the units split into groups), each part on its own set of the units.
 
 Axes carry roles: ``'b'`` the batch, ``'w'`` the width (infinite), ``'f'`` a finite feature axis of the input,
 ``'s0'``, ``'s1'``, ... the spatial axes (numbered in the order of the kernel's canonical layout), ``'1'`` an axis
@@ -98,8 +102,11 @@ class Affine(Term):
     """``W a``: ``layer`` (a stax Dense with the leaf's variance) maps the moments of ``inp`` to this term's."""
 
     weight: tuple  # (leaf, view, fan_in): the same tuple for every use of the same weight
-    inp: Any  # Field or DataIn
+    inp: Any  # Field, Concat or DataIn
     layer: Any
+    # the weight's output units (columns) this term holds, in order (a slice of a fused projection: ``W[:, r] a``);
+    # None: all of them
+    units: tuple | None = None
     gaussian = True
 
 
@@ -112,6 +119,7 @@ class BiasTerm(Term):
     variance: float
     ntk: float  # what the bias adds to the NTK
     positional: tuple = ()
+    units: tuple | None = None  # the bias's units this term holds, in order (as `Affine.units`)
     gaussian = True
 
 
@@ -206,3 +214,36 @@ class FieldProduct:
     roles: tuple
     width: int
     spatial: tuple = ()
+
+
+@dataclasses.dataclass(eq=False)
+class Concat:
+    """Values side by side along the width: part ``i`` (a `Field` or a `FieldProduct`) holds the units
+    ``units[i]`` (indices into the width, in the part's order); together the parts hold every unit once.
+
+    The moments of two concatenations split alike are the width-weighted average of their parts' moments,
+    ``sum_i len(units[i]) / width * E[F_i G_i]`` (stax's `FanInConcat` over the channels): the coordinates of the
+    parts never pair with one another, and the limit keeps each part's share of the width fixed."""
+
+    parts: tuple
+    units: tuple
+    roles: tuple
+    spatial: tuple = ()
+
+    @property
+    def width(self) -> int:
+        return sum(len(u) for u in self.units)
+
+    @property
+    def gaussian(self) -> bool:
+        return all(isinstance(p, Field) and p.gaussian for p in self.parts)
+
+
+@dataclasses.dataclass(eq=False)
+class PerExChannels:
+    """``perex * const``: a per-example statistic times ``const``, a constant that varies along one axis (the
+    channels: Flax's ``rsqrt(var + eps) * scale`` in a layer norm or RMSNorm with a scale per channel), with the
+    rank of the operation's output. It has a rule only as the factor of a field."""
+
+    perex: PerEx
+    const: Any
