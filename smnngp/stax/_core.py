@@ -362,7 +362,8 @@ _TILE_ENTRIES = 2**16
 _SYMMETRIC_MIN_ENTRIES = 2**20
 # An (x1, x2) kernel of as many entries is tiled too (`_cross_kernel_map`), in larger tiles: Myrtle-5's NNGP and NTK of
 # 10 x 10 CIFAR-shaped images (1M position pairs per image pair) on this 2-core CPU took 2.99 / 7.48 s untiled,
-# 4.39 / 4.90 s in tiles of one image, 3.15 / 4.16 in tiles of 2, 2.63 / 3.81 in tiles of 5 (issue 50).
+# 4.39 / 4.90 s in tiles of one image, 3.15 / 4.16 in tiles of 2, 2.63 / 3.81 in tiles of 5 (issue 50;
+# `python benchmarks/cross_tiles.py --sides 0 1 2 5` reruns the sweep, each setting checked against the untiled call).
 _CROSS_TILES = True
 _CROSS_TILE_ENTRIES = 2**25  # tiles of 5 such images
 
